@@ -1,0 +1,59 @@
+// Command mcp-exec is an MCP server with one tool, exec, that runs Python in
+// a fresh, network-isolated, locked-down container per call.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `usage:
+  mcp-exec [serve] [flags]                 run the MCP server (stdio by default)
+  mcp-exec run [-c CODE | FILE] [flags]     run Python once in the sandbox
+  mcp-exec rootfs build --out DIR           build the default Python rootfs
+  mcp-exec doctor [--json]                  report what isolation this host supports
+  mcp-exec version                          print the version
+
+Run "mcp-exec COMMAND -h" for a command's flags.
+`
+
+// version is set at build time.
+var version = "dev"
+
+// run dispatches a subcommand and returns the process exit status.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && (len(args[0]) == 0 || args[0][0] != '-') {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serveCmd(ctx, args, stdin, stdout, stderr)
+	case "run":
+		return runCmd(ctx, args, stdout, stderr)
+	case "rootfs":
+		return rootfsCmd(ctx, args, stdout, stderr)
+	case "doctor":
+		return doctorCmd(ctx, args, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "mcp-exec", version)
+		return 0
+	case "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "mcp-exec: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+}

@@ -1,0 +1,79 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+)
+
+const (
+	mib = 1 << 20
+
+	// MinMemoryBytes is the smallest memory limit with which the interpreter
+	// still starts and reports an OOM cleanly.
+	MinMemoryBytes = 32 * mib
+	// MinTmpfsBytes is the smallest /tmp; below it even small scripts fail.
+	MinTmpfsBytes = 1 * mib
+	// MaxCPUs bounds the CPU quota a single call may be given.
+	MaxCPUs = 1024
+)
+
+// Limits are the resource limits of one sandbox. Units are in the names.
+type Limits struct {
+	// MemoryBytes is the memory limit of the whole container, tmpfs pages
+	// included. Swap is disabled so the limit is the limit.
+	MemoryBytes int64
+	// Pids is the largest number of processes and threads at once.
+	Pids int64
+	// CPUs is the CPU quota in cores (1.5 = one and a half cores).
+	CPUs float64
+	// TmpfsBytes is the size of the writable /tmp.
+	TmpfsBytes int64
+	// ShmBytes is the size of /dev/shm (POSIX semaphores of multiprocessing).
+	ShmBytes int64
+	// OpenFiles bounds the open file descriptors of each process.
+	OpenFiles uint64
+}
+
+// DefaultLimits returns the contract's defaults.
+func DefaultLimits() Limits {
+	return Limits{
+		MemoryBytes: 256 * mib,
+		Pids:        128,
+		CPUs:        1,
+		TmpfsBytes:  64 * mib,
+		ShmBytes:    8 * mib,
+		OpenFiles:   1024,
+	}
+}
+
+// Validate reports every limit that is out of range, naming the field.
+func (l Limits) Validate() error {
+	var errs []error
+	if l.MemoryBytes < MinMemoryBytes {
+		errs = append(errs, fmt.Errorf("memory limit must be at least %d MiB, got %d bytes", MinMemoryBytes/mib, l.MemoryBytes))
+	}
+	if l.Pids < 1 {
+		errs = append(errs, fmt.Errorf("pids limit must be > 0, got %d", l.Pids))
+	}
+	if !(l.CPUs > 0 && l.CPUs <= MaxCPUs) { // also rejects NaN
+		errs = append(errs, fmt.Errorf("cpus must be > 0 and ≤ %d, got %v", MaxCPUs, l.CPUs))
+	}
+	if l.TmpfsBytes < MinTmpfsBytes {
+		errs = append(errs, fmt.Errorf("tmpfs size must be at least %d MiB, got %d bytes", MinTmpfsBytes/mib, l.TmpfsBytes))
+	}
+	if l.ShmBytes < 0 {
+		errs = append(errs, fmt.Errorf("shm size must be ≥ 0, got %d", l.ShmBytes))
+	}
+	if l.OpenFiles < 16 {
+		errs = append(errs, fmt.Errorf("open files limit must be at least 16, got %d", l.OpenFiles))
+	}
+	return errors.Join(errs...)
+}
+
+// CPUPeriodUs is the CFS period the CPU quota is expressed in.
+const CPUPeriodUs = 100_000
+
+// CPUQuotaUs converts the CPU limit into a CFS quota per CPUPeriodUs.
+func (l Limits) CPUQuotaUs() int64 {
+	return int64(l.CPUs * CPUPeriodUs)
+}

@@ -1,0 +1,196 @@
+package policy
+
+import (
+	"runtime"
+	"slices"
+
+	mobyseccomp "github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// Denied is a group of syscalls that fail with EPERM inside the sandbox,
+// with the reason they are denied.
+type Denied struct {
+	Names []string
+	Why   string
+}
+
+// DeniedSyscalls returns the syscalls the sandbox refuses on top of the
+// baseline. Each group is removed from every allow rule of the baseline and
+// given an explicit EPERM rule, so the denial does not hinge on the
+// baseline's default action or on which capabilities it was filtered for.
+func DeniedSyscalls() []Denied {
+	return []Denied{
+		{[]string{"mount", "umount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr"},
+			"filesystem layout is fixed by the runtime; changing it is the first step of most escapes"},
+		{[]string{"ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "process_madvise"},
+			"reading or steering another process's memory is never needed by a script"},
+		{[]string{"bpf"},
+			"eBPF programs run in the host kernel"},
+		{[]string{"perf_event_open"},
+			"performance counters leak host timing and have a long record of kernel bugs"},
+		{[]string{"keyctl", "add_key", "request_key"},
+			"the kernel keyring is not namespaced"},
+		{[]string{"unshare", "setns"},
+			"new namespaces (user namespaces above all) open kernel attack surface meant for root"},
+		{[]string{"kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module"},
+			"loading code into the kernel"},
+		{[]string{"reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog", "vhangup"},
+			"host administration"},
+		{[]string{"userfaultfd"},
+			"lets a process stall kernel page faults at will, a staple of exploit races"},
+		{[]string{"open_by_handle_at", "name_to_handle_at"},
+			"opens files by handle, bypassing the mount namespace (the shocker escape)"},
+		{[]string{"io_uring_setup", "io_uring_enter", "io_uring_register"},
+			"a second syscall interface that seccomp cannot see into"},
+		{[]string{"settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "stime"},
+			"the clock is shared with the host"},
+		{[]string{"iopl", "ioperm", "modify_ldt", "personality"},
+			"raw I/O ports and legacy execution domains; personality can disable ASLR"},
+		{[]string{"mbind", "set_mempolicy", "migrate_pages", "move_pages", "set_mempolicy_home_node"},
+			"NUMA placement affects other tenants of the host"},
+		{[]string{"lookup_dcookie", "nfsservctl", "uselib", "vm86", "vm86old", "_sysctl", "sysfs", "ustat", "fanotify_init"},
+			"obsolete or host-inspecting interfaces"},
+	}
+}
+
+// namespaceFlags are the clone flags that would create a namespace.
+const namespaceFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC |
+	unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP |
+	unix.CLONE_NEWTIME
+
+// Seccomp returns the sandbox's seccomp filter for the architecture the
+// server was built for.
+//
+// It starts from the maintained default profile of Moby (github.com/moby/
+// profiles/seccomp), evaluated for a process with no capabilities, then
+// removes DeniedSyscalls from it. Anything not allowed fails with EPERM,
+// never a kill, so a Python that probes an interface gets an exception it can
+// handle. clone is allowed only without namespace flags; clone3, whose flags
+// sit behind a pointer that seccomp cannot read, fails with ENOSYS so that
+// the C library falls back to clone, where the flags are checked.
+func Seccomp() *specs.LinuxSeccomp {
+	return seccompFor(runtime.GOARCH)
+}
+
+func seccompFor(goarch string) *specs.LinuxSeccomp {
+	profile := mobyseccomp.DefaultProfile()
+	eperm := uint(unix.EPERM)
+	nosys := uint(unix.ENOSYS)
+
+	denied := map[string]bool{}
+	for _, d := range DeniedSyscalls() {
+		for _, n := range d.Names {
+			denied[n] = true
+		}
+	}
+
+	out := &specs.LinuxSeccomp{
+		DefaultAction:   specs.ActErrno,
+		DefaultErrnoRet: &eperm,
+		Architectures:   architectures(profile, goarch),
+	}
+	for _, call := range profile.Syscalls {
+		if !applies(call, goarch) {
+			continue
+		}
+		names := slices.DeleteFunc(slices.Clone(call.Names), func(n string) bool {
+			// clone3 and clone get explicit rules below.
+			return denied[n] || n == "clone" || n == "clone3"
+		})
+		if len(names) == 0 || call.Action != specs.ActAllow {
+			continue
+		}
+		rule := call.LinuxSyscall
+		rule.Names = names
+		rule.Args = slices.Clone(call.Args)
+		out.Syscalls = append(out.Syscalls, rule)
+	}
+
+	cloneFlagsArg := uint(0)
+	if goarch == "s390x" {
+		cloneFlagsArg = 1 // s390 swaps clone's first two arguments
+	}
+	out.Syscalls = append(out.Syscalls,
+		specs.LinuxSyscall{
+			Names:  []string{"clone"},
+			Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{
+				Index: cloneFlagsArg, Value: namespaceFlags, ValueTwo: 0, Op: specs.OpMaskedEqual,
+			}},
+		},
+		specs.LinuxSyscall{
+			Names:    []string{"clone3"},
+			Action:   specs.ActErrno,
+			ErrnoRet: &nosys,
+		},
+	)
+	for _, d := range DeniedSyscalls() {
+		errno := eperm
+		out.Syscalls = append(out.Syscalls, specs.LinuxSyscall{
+			Names:    slices.Clone(d.Names),
+			Action:   specs.ActErrno,
+			ErrnoRet: &errno,
+		})
+	}
+	return out
+}
+
+// applies evaluates the baseline's conditions for a process that has no
+// capabilities at all on goarch. Kernel-version conditions are taken as met:
+// every kernel the runtimes support is newer than the baseline's oldest gate.
+func applies(call *mobyseccomp.Syscall, goarch string) bool {
+	arch := nativeArch(goarch)
+	if inc := call.Includes; inc != nil {
+		if len(inc.Caps) > 0 {
+			return false // we grant no capability
+		}
+		if len(inc.Arches) > 0 && !slices.Contains(inc.Arches, arch) {
+			return false
+		}
+	}
+	if exc := call.Excludes; exc != nil {
+		if len(exc.Arches) > 0 && slices.Contains(exc.Arches, arch) {
+			return false
+		}
+		if exc.MinKernel != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// nativeArch maps a GOARCH to the names the baseline's conditions use
+// (libseccomp's, which differ from Go's only for these).
+func nativeArch(goarch string) string {
+	switch goarch {
+	case "386":
+		return "x86"
+	case "loong64":
+		return "loongarch64"
+	case "mips64p32":
+		return "mips64n32"
+	case "mips64p32le":
+		return "mips3l64n32"
+	case "mips64le":
+		return "mipsel64"
+	case "mipsle":
+		return "mipsel"
+	default:
+		return goarch
+	}
+}
+
+func architectures(p *mobyseccomp.Seccomp, goarch string) []specs.Arch {
+	want := map[string]specs.Arch{
+		"amd64": specs.ArchX86_64, "arm64": specs.ArchAARCH64, "386": specs.ArchX86,
+		"s390x": specs.ArchS390X, "riscv64": specs.ArchRISCV64, "loong64": specs.ArchLOONGARCH64,
+	}[goarch]
+	for _, a := range p.ArchMap {
+		if a.Arch == want {
+			return append([]specs.Arch{a.Arch}, a.SubArches...)
+		}
+	}
+	return []specs.Arch{want}
+}

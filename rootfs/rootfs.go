@@ -1,0 +1,145 @@
+// Package rootfs builds the default read-only root filesystem of the sandbox
+// from the host's python3: the interpreter, the shared libraries it and its
+// extension modules load, the standard library, and a skeleton /etc. Nothing is
+// downloaded. It knows nothing of containers; it builds a directory and returns
+// its path.
+//
+// Invariants a maintainer must keep:
+//   - Every host path keeps its name in the rootfs, and every symlink met on
+//     the way to it (merged-/usr's /lib64 -> usr/lib64, libz.so.1 ->
+//     libz.so.1.2.13) is a symlink there too: Python finds its prefix from
+//     its executable's path, and the loader finds libraries by the names the
+//     host's ELF files give.
+//   - Libraries are found by reading the ELF files (DT_NEEDED, PT_INTERP,
+//     DT_RPATH/DT_RUNPATH, ld.so.conf, the default dirs), never from a list:
+//     a missing library fails the build, naming it and what needs it.
+//   - The rootfs is shared by every call and mounted read-only, so it holds,
+//     ready-made, everything the runtime mounts onto (MountPoints) and
+//     nothing of the host's /etc; it is readable by uid 65532, and holds no
+//     setuid, setgid or world-writable file.
+//   - A rootfs appears complete or not at all: it is built in a temp dir next
+//     to its final path and renamed; a failed build leaves nothing behind.
+//   - A cached rootfs is keyed by its interpreter (Interpreter.Key) and never
+//     modified; Ensure builds it at most once, even across processes.
+package rootfs
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// PythonPath is the interpreter's path inside every rootfs this package builds.
+const PythonPath = "/usr/bin/python3"
+
+// MountPoints are the empty dirs every rootfs has, so that the runtime never
+// has to create anything inside the shared, read-only rootfs. /code is where
+// the per-call code dir is bind-mounted. There is no /sys: it is not mounted.
+func MountPoints() []string {
+	return []string{"/proc", "/dev", "/tmp", "/code"}
+}
+
+// DefaultCacheDir is where Ensure keeps rootfs builds when the user names none:
+// /var/cache/mcp-exec/rootfs for root, else $XDG_CACHE_HOME/mcp-exec/rootfs or
+// ~/.cache/mcp-exec/rootfs. It is empty when the user has no home to cache in.
+func DefaultCacheDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/cache/mcp-exec/rootfs"
+	}
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "mcp-exec", "rootfs")
+}
+
+// Check verifies that dir is a usable rootfs: that it has the interpreter at
+// PythonPath, the mount points and /etc/passwd. Its error names everything
+// that is missing, so that a wrong MCP_EXEC_ROOTFS is fixed in one go.
+func Check(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("rootfs %s is not usable: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("rootfs %s is not usable: not a directory", dir)
+	}
+
+	var problems []string
+	if p, err := resolveIn(dir, PythonPath); err != nil {
+		problems = append(problems, fmt.Sprintf("no interpreter at %s (%v)", PythonPath, err))
+	} else if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		problems = append(problems, fmt.Sprintf("%s is not an executable file", PythonPath))
+	}
+	for _, mp := range MountPoints() {
+		fi, err := os.Lstat(filepath.Join(dir, mp))
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("no mount point %s", mp))
+		case !fi.IsDir():
+			// Not even a symlink to one: the runtime must not follow
+			// links out of the rootfs when it mounts.
+			problems = append(problems, fmt.Sprintf("mount point %s is not a directory", mp))
+		}
+	}
+	if p, err := resolveIn(dir, "/etc/passwd"); err != nil {
+		problems = append(problems, fmt.Sprintf("no /etc/passwd (%v)", err))
+	} else if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() {
+		problems = append(problems, "/etc/passwd is not a file")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("rootfs %s is not usable: %s", dir, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// resolveIn resolves p as a process chrooted into root would, following
+// symlinks without ever leaving root, and returns the host path it names.
+// Absolute links in a rootfs point into the rootfs, not into the host.
+func resolveIn(root, p string) (string, error) {
+	todo := splitPath(p)
+	cur := "/"
+	for links := 0; len(todo) > 0; {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, c)
+		fi, err := os.Lstat(filepath.Join(root, next))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return "", fmt.Errorf("%s does not exist", next)
+			}
+			return "", err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if links++; links > 40 {
+				return "", unix.ELOOP
+			}
+			target, err := os.Readlink(filepath.Join(root, next))
+			if err != nil {
+				return "", err
+			}
+			todo = append(splitPath(target), todo...)
+			if filepath.IsAbs(target) {
+				cur = "/"
+			}
+			continue
+		}
+		if len(todo) > 0 && !fi.IsDir() {
+			return "", fmt.Errorf("%s is not a directory", next)
+		}
+		cur = next
+	}
+	return filepath.Join(root, cur), nil
+}

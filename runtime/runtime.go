@@ -1,0 +1,160 @@
+// Package runtime runs an OCI bundle in a fresh container, collects its
+// bounded output and verdict, and tears everything down.
+//
+// Two runtimes implement it: libcontainer (runc's library, in-process) and
+// runsc (gVisor, as a child process). Both enforce exactly what the bundle's
+// spec says; per-call knobs (stdin, timeout, output caps) arrive in a
+// Request. The package knows nothing of MCP or of policy.
+//
+// Invariants a maintainer must keep:
+//   - Run returns an error only when the sandbox could not run. A non-zero
+//     exit, a timeout or an OOM kill is a Result.
+//   - Teardown always happens — success, error, timeout, panic, cancelled
+//     context — and never depends on the caller's context: every process of
+//     the container is killed, then the container, its cgroups, its state and
+//     its bundle directory are removed.
+//   - Output writers never block the child and never fail: they keep the
+//     first bytes up to the cap and count the rest.
+//   - Each server instance keeps its state in its own directory, locked for
+//     as long as it lives; a new instance removes what dead ones left.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/inhuman/mcp-exec/bundle"
+)
+
+// Kind names a runtime implementation.
+type Kind string
+
+const (
+	Libcontainer Kind = "libcontainer"
+	Runsc        Kind = "runsc"
+)
+
+// ParseKind parses a runtime name as given in configuration.
+func ParseKind(s string) (Kind, error) {
+	switch k := Kind(s); k {
+	case Libcontainer, Runsc:
+		return k, nil
+	}
+	return "", fmt.Errorf("unknown runtime %q (want %q or %q)", s, Libcontainer, Runsc)
+}
+
+// Request carries what one call asks for at run time.
+type Request struct {
+	// Stdin is fed to the program's standard input, followed by EOF.
+	Stdin []byte
+	// Timeout is the wall-clock limit; when it passes every process of the
+	// container is killed. It must be > 0.
+	Timeout time.Duration
+	// MaxOutputBytes caps each of stdout and stderr. It must be > 0.
+	MaxOutputBytes int64
+}
+
+func (r Request) validate() error {
+	if r.Timeout <= 0 {
+		return fmt.Errorf("timeout must be > 0, got %v", r.Timeout)
+	}
+	if r.MaxOutputBytes <= 0 {
+		return fmt.Errorf("output cap must be > 0, got %d", r.MaxOutputBytes)
+	}
+	return nil
+}
+
+// Result is the verdict of one run.
+type Result struct {
+	Stdout, Stderr                   []byte
+	StdoutTruncated, StderrTruncated bool
+	// StdoutBytes and StderrBytes count everything the program wrote,
+	// including what was dropped past the cap.
+	StdoutBytes, StderrBytes int64
+	// ExitCode is the exit status, or 128+N when a signal N ended it.
+	ExitCode int
+	// TimedOut: the wall-clock limit was hit and the container killed.
+	TimedOut bool
+	// OOMKilled: the memory limit killed a process of the container.
+	OOMKilled bool
+	// Duration is the wall-clock time from the start of the code to the
+	// end of its last process.
+	Duration time.Duration
+	// CPUTime is the CPU time of all processes, when the runtime knows it.
+	CPUTime time.Duration
+	// PeakMemoryBytes is the highest memory use, when the runtime knows it.
+	PeakMemoryBytes int64
+}
+
+// ErrSandbox marks errors where the sandbox could not be set up or run.
+var ErrSandbox = errors.New("sandbox could not run")
+
+// Runtime prepares containers from bundles.
+type Runtime interface {
+	Kind() Kind
+	// BundleDir is where bundles for this runtime instance are created, so
+	// that a crashed instance's bundles are swept with its other state.
+	BundleDir() string
+	// Prepare creates the container for b up to the point where only the
+	// code remains to be started. The Sandbox owns b from then on, even
+	// when Prepare fails.
+	Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error)
+	// Close kills what still runs and removes the instance's state.
+	Close() error
+}
+
+// Sandbox is one prepared container. It runs code exactly once.
+type Sandbox interface {
+	// Run starts the code, feeds it the request's stdin and waits for the
+	// verdict. A cancelled ctx kills the container at once and returns the
+	// context's error.
+	Run(ctx context.Context, req Request) (Result, error)
+	// Close tears the container down; it is safe to call more than once.
+	Close() error
+}
+
+// Run prepares a container for b, runs it once and tears it down.
+func Run(ctx context.Context, rt Runtime, b *bundle.Bundle, req Request) (Result, error) {
+	if err := req.validate(); err != nil {
+		b.Remove()
+		return Result{}, err
+	}
+	sb, err := rt.Prepare(ctx, b)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := sb.Run(ctx, req)
+	if cerr := sb.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return res, err
+}
+
+// teardownTimeout bounds every teardown, which runs even after the caller's
+// context is done.
+const teardownTimeout = 10 * time.Second
+
+// exitCode maps a wait status to the contract's exit code.
+func exitCode(exited bool, status int, signaled bool, sig int) int {
+	if signaled {
+		return 128 + sig
+	}
+	if exited {
+		return status
+	}
+	return -1
+}
+
+// New creates the runtime of the given kind. It fails, naming what is
+// missing, when this host cannot give that runtime's full sandbox.
+func New(kind Kind, cfg Config) (Runtime, error) {
+	switch kind {
+	case Libcontainer:
+		return NewLibcontainer(cfg)
+	case Runsc:
+		return NewRunsc(cfg)
+	}
+	return nil, fmt.Errorf("unknown runtime %q", kind)
+}

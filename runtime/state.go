@@ -1,0 +1,266 @@
+package runtime
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultStateDir holds one directory per live server instance.
+const DefaultStateDir = "/run/mcp-exec"
+
+// cgroupRoot is the cgroup (under every controller) that holds one child per
+// server instance, which holds one child per call.
+const cgroupRoot = "mcp-exec"
+
+// instance is one server's private state: a locked directory under the state
+// root holding its bundles and container state, and a cgroup parent.
+type instance struct {
+	id   string
+	dir  string
+	lock *os.File
+	log  *slog.Logger
+}
+
+// newInstance creates and locks a fresh instance directory under root, after
+// sweeping what dead instances left there.
+func newInstance(root string, log *slog.Logger) (_ *instance, retErr error) {
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("creating state dir %s: %w", root, err)
+	}
+	if err := checkPrivateDir(root); err != nil {
+		return nil, err
+	}
+	sweep(root, log)
+
+	id := uuid.NewString()
+	dir := filepath.Join(root, id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating instance dir: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("creating instance lock: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("locking instance dir: %w", err)
+	}
+	for _, sub := range []string{"bundles", "containers"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("creating instance dir: %w", err)
+		}
+	}
+	return &instance{id: id, dir: dir, lock: lock, log: log}, nil
+}
+
+func (in *instance) bundleDir() string    { return filepath.Join(in.dir, "bundles") }
+func (in *instance) containerDir() string { return filepath.Join(in.dir, "containers") }
+
+// cgroupPath is the cgroup path of one call, relative to each controller's
+// root.
+func (in *instance) cgroupPath(callID string) string {
+	return "/" + cgroupRoot + "/" + in.id + "/" + callID
+}
+
+// close removes the instance's cgroups and directory and releases the lock.
+// The caller has torn down every container first.
+func (in *instance) close() error {
+	err := removeCgroupTree(in.id, in.log)
+	if rerr := removeAllAtomic(in.dir); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	in.lock.Close()
+	return err
+}
+
+// checkPrivateDir refuses a state dir that others could write to: whoever
+// can write there could plant a bundle or a container state.
+func checkPrivateDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("checking state dir: %w", err)
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	if fi.Mode().Perm()&0o077 != 0 || (st != nil && int(st.Uid) != os.Geteuid()) {
+		return fmt.Errorf("state dir %s must be owned by uid %d with mode 0700, has mode %v", dir, os.Geteuid(), fi.Mode().Perm())
+	}
+	return nil
+}
+
+// sweep removes what dead instances left behind: an instance directory
+// whose lock can be taken belongs to a process that is gone. Its containers'
+// processes are killed through their cgroups, then cgroups and state are
+// removed.
+func sweep(root string, log *slog.Logger) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		dir := filepath.Join(root, name)
+		if strings.HasPrefix(name, ".") {
+			// A half-removed directory from an earlier sweep or close.
+			os.RemoveAll(dir)
+			continue
+		}
+		if !e.IsDir() || uuid.Validate(name) != nil {
+			continue
+		}
+		lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR, 0)
+		if err == nil {
+			if unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+				lock.Close()
+				continue // alive
+			}
+		}
+		log.Info("removing state of a dead server instance", "instance", name)
+		if err := removeCgroupTree(name, log); err != nil {
+			log.Warn("sweeping cgroups", "instance", name, "err", err)
+		}
+		if runscSweep != nil {
+			runscSweep(dir, log)
+		}
+		if err := removeAllAtomic(dir); err != nil {
+			log.Warn("sweeping state", "instance", name, "err", err)
+		}
+		if lock != nil {
+			lock.Close()
+		}
+	}
+}
+
+// runscSweep, when set, lets the runsc runtime clean sandboxes that its
+// own root dir knows of before the directory goes.
+var runscSweep func(instanceDir string, log *slog.Logger)
+
+// removeAllAtomic renames dir to a hidden name first, so that a crash
+// half-way never leaves something that looks like a live instance.
+func removeAllAtomic(dir string) error {
+	hidden := filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".removing")
+	if err := os.Rename(dir, hidden); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("removing %s: %w", dir, err)
+	}
+	makeWritable(hidden)
+	if err := os.RemoveAll(hidden); err != nil {
+		return fmt.Errorf("removing %s: %w", dir, err)
+	}
+	return nil
+}
+
+// makeWritable lets an unprivileged owner remove read-only code dirs.
+func makeWritable(dir string) {
+	if os.Geteuid() == 0 {
+		return // root removes regardless of modes
+	}
+	filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+}
+
+// cgroupMounts returns the directories where the instance's cgroup trees
+// can live: one per cgroup v1 controller hierarchy, or the unified one.
+func cgroupMounts() []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var dirs []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		// id parent maj:min root mountpoint opts ... - fstype source superopts
+		fields := strings.Fields(s.Text())
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
+			continue
+		}
+		switch fields[sep+1] {
+		case "cgroup", "cgroup2":
+			dirs = append(dirs, fields[4])
+		}
+	}
+	return dirs
+}
+
+// removeCgroupTree kills every process left in the instance's cgroups and
+// removes them, deepest first.
+func removeCgroupTree(instanceID string, log *slog.Logger) error {
+	var errs []error
+	for _, mnt := range cgroupMounts() {
+		top := filepath.Join(mnt, cgroupRoot, instanceID)
+		if _, err := os.Stat(top); err != nil {
+			continue
+		}
+		var dirs []string
+		filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := removeCgroup(dirs[i]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroup kills the processes of one cgroup and removes it, retrying
+// while the kernel finishes them off.
+func removeCgroup(dir string) error {
+	var err error
+	for i := 0; i < 50; i++ {
+		killCgroupProcs(dir)
+		if err = unix.Rmdir(dir); err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("removing cgroup %s: %w", dir, err)
+}
+
+func killCgroupProcs(dir string) {
+	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return
+	}
+	// A frozen v1 cgroup would hold SIGKILL back; thaw it first.
+	os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
+	for _, line := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(line); err == nil && pid > 0 {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+}
