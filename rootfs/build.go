@@ -25,7 +25,7 @@ const tempPrefix = ".building-"
 // it setlocale(LC_ALL, "") fails and so does user code that calls it.
 const localeDir = "/usr/lib/locale/C.utf8"
 
-// excludedTop are stdlib dirs no sandboxed program needs: the regression
+// excludedTop are the stdlib's top-level dirs no sandboxed program needs: the regression
 // tests, GUI modules (there is no display), and the pip bootstrapper (there
 // is no network and the root is read-only).
 var excludedTop = map[string]bool{
@@ -51,7 +51,7 @@ var excludedAnywhere = map[string]bool{
 // etcFiles are the only /etc content: enough for getpwuid, getgrgid and
 // resolving localhost, nothing of the host's configuration.
 // The ids must match policy.UID and policy.GID; rootfs does not import policy
-// (see STYLE.md), so the sandbox test is what keeps them in step.
+// (see STYLE.md), so a change there must be made here by hand.
 var etcFiles = []struct{ name, content string }{
 	{"passwd", "root:x:0:0:root:/root:/sbin/nologin\nsandbox:x:65532:65532:sandbox:/tmp:/sbin/nologin\n"},
 	{"group", "root:x:0:\nsandbox:x:65532:\n"},
@@ -65,7 +65,7 @@ var etcFiles = []struct{ name, content string }{
 // validate(ctx, tmpDir) if validate is not nil, then renames the temp dir to
 // out. On any error the temp dir is removed. Nothing is downloaded.
 func Build(ctx context.Context, py Interpreter, out string, validate func(ctx context.Context, dir string) error) (retErr error) {
-	if err := py.validate(); err != nil {
+	if err := py.checkPaths(); err != nil {
 		return fmt.Errorf("building rootfs: %w", err)
 	}
 	out, err := filepath.Abs(out)
@@ -109,12 +109,12 @@ func Build(ctx context.Context, py Interpreter, out string, validate func(ctx co
 	return nil
 }
 
-func (py Interpreter) validate() error {
-	for name, p := range map[string]string{
-		"Path": py.Path, "Stdlib": py.Stdlib, "PlatStdlib": py.PlatStdlib, "DynLoad": py.DynLoad,
+func (py Interpreter) checkPaths() error {
+	for _, f := range []struct{ name, path string }{
+		{"Path", py.Path}, {"Stdlib", py.Stdlib}, {"PlatStdlib", py.PlatStdlib}, {"DynLoad", py.DynLoad},
 	} {
-		if !filepath.IsAbs(p) {
-			return fmt.Errorf("interpreter %s is %q, want an absolute path", name, p)
+		if !filepath.IsAbs(f.path) {
+			return fmt.Errorf("interpreter %s is %q, want an absolute path", f.name, f.path)
 		}
 	}
 	return nil
@@ -126,13 +126,13 @@ func renameNoReplace(from, to string) error {
 	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
 		// The filesystem cannot; Lstat narrows the window to nearly nothing.
-		if _, err := os.Lstat(to); err == nil {
-			return fmt.Errorf("renaming %s to %s: %w", from, to, os.ErrExist)
+		if _, statErr := os.Lstat(to); statErr == nil {
+			return &os.LinkError{Op: "rename", Old: from, New: to, Err: unix.EEXIST}
 		}
-		err = os.Rename(from, to)
+		return os.Rename(from, to)
 	}
 	if err != nil {
-		return fmt.Errorf("renaming %s to %s: %w", from, to, &os.LinkError{Op: "rename", Old: from, New: to, Err: err})
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
 	}
 	return nil
 }
@@ -172,13 +172,14 @@ func populate(ctx context.Context, py Interpreter, root string) error {
 		}
 		trees = append(trees, real)
 	}
+	// Parents sort before their children.
 	slices.Sort(trees)
-	trees = slices.Compact(trees)
-	var treeLinks, modules []string
-	for i, t := range trees {
-		if i > 0 && within(t, trees[i-1]) {
+	var treeLinks, modules, kept []string
+	for _, t := range trees {
+		if slices.ContainsFunc(kept, func(k string) bool { return within(t, k) }) {
 			continue
 		}
+		kept = append(kept, t)
 		if _, err := b.place(t); err != nil {
 			return err
 		}
@@ -390,7 +391,7 @@ func (b *builder) copyTree(dir string) (links, elfs []string, err error) {
 		case t&fs.ModeSymlink != 0:
 			links = append(links, p)
 		case d.IsDir():
-			if excludedAnywhere[d.Name()] || excludedRel[rel] || (excludedTop[rel] && !strings.Contains(rel, "/")) {
+			if excludedAnywhere[d.Name()] || excludedTop[rel] || excludedRel[rel] {
 				return filepath.SkipDir
 			}
 			return b.mkdir(p)

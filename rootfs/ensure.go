@@ -95,7 +95,7 @@ func makeCacheDir(dir string) error {
 // killed build.
 func lockDir(ctx context.Context, dir string) (unlock func(), err error) {
 	p := filepath.Join(dir, ".lock")
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("ensuring rootfs: opening lock: %w", err)
 	}

@@ -123,15 +123,15 @@ func FindPython(ctx context.Context, path string) (Interpreter, error) {
 	if probe.Executable == "" {
 		return Interpreter{}, fmt.Errorf("python interpreter %s does not know its executable (sys.executable is empty)", cand)
 	}
-	for name, dir := range map[string]string{
-		"sys.executable":      probe.Executable,
-		"sys.base_prefix":     probe.Prefix,
-		"the stdlib dir":      probe.Stdlib,
-		"the platstdlib dir":  probe.PlatStdlib,
-		"the lib-dynload dir": probe.DynLoad,
+	for _, f := range []struct{ name, dir string }{
+		{"sys.executable", probe.Executable},
+		{"sys.base_prefix", probe.Prefix},
+		{"the stdlib dir", probe.Stdlib},
+		{"the platstdlib dir", probe.PlatStdlib},
+		{"the lib-dynload dir", probe.DynLoad},
 	} {
-		if !filepath.IsAbs(dir) {
-			return Interpreter{}, fmt.Errorf("python interpreter %s: %s is %q, want an absolute path", cand, name, dir)
+		if !filepath.IsAbs(f.dir) {
+			return Interpreter{}, fmt.Errorf("python interpreter %s: %s is %q, want an absolute path", cand, f.name, f.dir)
 		}
 	}
 
