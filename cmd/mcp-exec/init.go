@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"runtime"
 
 	"github.com/opencontainers/runc/libcontainer"
 	// nsenter's C constructor joins the container's namespaces before the
@@ -15,4 +16,11 @@ func init() {
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init()
 	}
+	// libcontainer joins each new container's mount namespace from a
+	// goroutine locked to its thread, and lets the thread die with it. Go
+	// never ends the main thread, though: it would park it, still inside
+	// that container's namespace, pinning its mounts (/tmp and all) for the
+	// life of the server. Keeping the main goroutine on the main thread
+	// means no such goroutine can ever land there.
+	runtime.LockOSThread()
 }

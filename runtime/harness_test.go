@@ -1,0 +1,245 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/rootfs"
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+// need fails the test under CI, where every prerequisite must be present,
+// and skips it elsewhere, saying exactly what is missing.
+func need(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("sandbox test prerequisite missing (CI=true makes this a failure): "+format, args...)
+	}
+	t.Skipf("skipping sandbox test: "+format, args...)
+}
+
+var shared struct {
+	once   sync.Once
+	rootfs string
+	err    error
+}
+
+// testRootfs is the one helper that decides whether sandbox tests can run
+// here, and returns the rootfs they use.
+func testRootfs(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		need(t, "root is required to create containers (run the tests as root)")
+	}
+	shared.once.Do(func() {
+		py, err := rootfs.FindPython(context.Background(), "")
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.rootfs, shared.err = rootfs.Ensure(context.Background(), py, rootfs.DefaultCacheDir(), nil)
+	})
+	if shared.err != nil {
+		need(t, "a Python rootfs could not be built from the host's python3: %v", shared.err)
+	}
+	return shared.rootfs
+}
+
+// runtimeKinds are the runtimes every sandbox property is tested against.
+func runtimeKinds(t *testing.T) []runtime.Kind {
+	kinds := []runtime.Kind{runtime.Libcontainer}
+	if runscAvailable(t) {
+		kinds = append(kinds, runtime.Runsc)
+	}
+	return kinds
+}
+
+// forEachRuntime runs f as a subtest per runtime.
+func forEachRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
+	t.Helper()
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			f(t, newHarness(t, kind, policy.DefaultLimits()))
+		})
+	}
+}
+
+// harness is one runtime instance with its own state dir, checked for
+// leftovers after every run and at the end.
+type harness struct {
+	t    *testing.T
+	kind runtime.Kind
+	rt   runtime.Runtime
+	cfg  bundle.Config
+}
+
+func newHarness(t *testing.T, kind runtime.Kind, limits policy.Limits) *harness {
+	t.Helper()
+	dir := testRootfs(t)
+	if kind == runtime.Libcontainer {
+		if err := runtime.LibcontainerUsable(); err != nil {
+			need(t, "%v", err)
+		}
+	}
+	stateDir := filepath.Join(t.TempDir(), "state")
+	rt, err := runtime.New(kind, runtime.Config{StateDir: stateDir})
+	if err != nil {
+		t.Fatalf("runtime.New(%s): %v", kind, err)
+	}
+	h := &harness{t: t, kind: kind, rt: rt,
+		cfg: bundle.Config{Rootfs: dir, Python: rootfs.PythonPath, Limits: limits}}
+	inst, instDir := runtime.InstanceID(rt), runtime.InstanceDir(rt)
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Errorf("closing runtime: %v", err)
+		}
+		if _, err := os.Stat(instDir); !os.IsNotExist(err) {
+			t.Errorf("instance dir %s still exists after Close (err=%v)", instDir, err)
+		}
+		assertNoCgroups(t, inst, false)
+	})
+	return h
+}
+
+type runOpts struct {
+	stdin     []byte
+	timeout   time.Duration
+	maxOutput int64
+	ctx       context.Context
+}
+
+// run runs code in a fresh container and asserts that nothing of it is
+// left behind.
+func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, error) {
+	h.t.Helper()
+	o := runOpts{timeout: 30 * time.Second, maxOutput: 1 << 20, ctx: context.Background()}
+	for _, f := range opts {
+		f(&o)
+	}
+	b, err := bundle.New(h.rt.BundleDir(), h.cfg, bundle.Input{ID: uuid.NewString(), Code: []byte(code)})
+	if err != nil {
+		h.t.Fatalf("bundle.New: %v", err)
+	}
+	res, err := runtime.Run(o.ctx, h.rt, b, runtime.Request{Stdin: o.stdin, Timeout: o.timeout, MaxOutputBytes: o.maxOutput})
+	h.assertClean(b)
+	return res, err
+}
+
+// mustRun runs code and fails the test if the sandbox could not run it.
+func (h *harness) mustRun(code string, opts ...func(*runOpts)) runtime.Result {
+	h.t.Helper()
+	res, err := h.run(code, opts...)
+	if err != nil {
+		h.t.Fatalf("Run: %v", err)
+	}
+	return res
+}
+
+// probe runs code that prints one JSON object, requires exit 0 and
+// decodes the object into v.
+func (h *harness) probe(code string, v any) {
+	h.t.Helper()
+	res := h.mustRun(code)
+	if res.ExitCode != 0 {
+		h.t.Fatalf("probe exited %d\nstdout: %s\nstderr: %s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if err := json.Unmarshal(res.Stdout, v); err != nil {
+		h.t.Fatalf("probe output is not JSON: %v\nstdout: %s\nstderr: %s", err, res.Stdout, res.Stderr)
+	}
+}
+
+func withStdin(b []byte) func(*runOpts)              { return func(o *runOpts) { o.stdin = b } }
+func withTimeout(d time.Duration) func(*runOpts)     { return func(o *runOpts) { o.timeout = d } }
+func withMaxOutput(n int64) func(*runOpts)           { return func(o *runOpts) { o.maxOutput = n } }
+func withContext(ctx context.Context) func(*runOpts) { return func(o *runOpts) { o.ctx = ctx } }
+
+// assertClean checks that the call left no bundle, container state,
+// cgroup, mount or process.
+func (h *harness) assertClean(b *bundle.Bundle) {
+	h.t.Helper()
+	if _, err := os.Stat(b.Dir); !os.IsNotExist(err) {
+		h.t.Errorf("bundle dir %s left behind", b.Dir)
+	}
+	instDir := runtime.InstanceDir(h.rt)
+	filepath.WalkDir(instDir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && strings.Contains(p, b.ID) {
+			h.t.Errorf("state of call %s left behind: %s", b.ID, p)
+		}
+		return nil
+	})
+	// Both the host's mount namespace and this process's own.
+	for _, mi := range []string{"/proc/1/mountinfo", "/proc/self/mountinfo"} {
+		mounts, _ := os.ReadFile(mi)
+		for _, line := range strings.Split(string(mounts), "\n") {
+			if strings.Contains(line, b.ID) {
+				h.t.Errorf("mount left behind in %s: %s", mi, line)
+			}
+		}
+	}
+	assertNoCgroups(h.t, b.ID, true)
+	assertNoProcesses(h.t, b.ID)
+}
+
+// assertNoCgroups checks that no cgroup of any controller is named after
+// id (a call or an instance).
+func assertNoCgroups(t *testing.T, id string, exact bool) {
+	t.Helper()
+	for _, root := range cgroupRoots() {
+		base := filepath.Join(root, "mcp-exec")
+		filepath.WalkDir(base, func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if filepath.Base(p) == id {
+				t.Errorf("cgroup left behind: %s", p)
+			}
+			return nil
+		})
+	}
+}
+
+func cgroupRoots() []string {
+	entries, _ := os.ReadDir("/sys/fs/cgroup")
+	var roots []string
+	for _, e := range entries {
+		roots = append(roots, filepath.Join("/sys/fs/cgroup", e.Name()))
+	}
+	return append(roots, "/sys/fs/cgroup")
+}
+
+// assertNoProcesses checks that no process on the host belongs to a cgroup
+// or has a command line naming id, waiting briefly for the kernel to reap.
+func assertNoProcesses(t *testing.T, id string) {
+	t.Helper()
+	var left []string
+	for i := 0; i < 50; i++ {
+		left = left[:0]
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if e.Name()[0] < '0' || e.Name()[0] > '9' {
+				continue
+			}
+			cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+			cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if bytes.Contains(cg, []byte(id)) || bytes.Contains(cmd, []byte(id)) {
+				left = append(left, e.Name()+": "+string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("processes of %s left behind: %v", id, left)
+}

@@ -1,0 +1,25 @@
+package runtime_test
+
+import (
+	"os"
+	goruntime "runtime"
+	"testing"
+
+	"github.com/opencontainers/runc/libcontainer"
+	_ "github.com/opencontainers/runc/libcontainer/nsenter"
+)
+
+// The test binary starts containers, so like the server it must become the
+// container's init when libcontainer re-executes it as "init".
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == "init" {
+		libcontainer.Init()
+	}
+	// See cmd/mcp-exec/init.go: keep the main thread out of libcontainer's
+	// locked helper threads, which would pin a container's mounts.
+	goruntime.LockOSThread()
+}
+
+func TestMain(m *testing.M) {
+	os.Exit(m.Run())
+}

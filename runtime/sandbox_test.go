@@ -1,0 +1,667 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inhuman/mcp-exec/policy"
+)
+
+// Every test here runs a probe inside a real container and asserts what it
+// saw; each would fail if the property it names were missing.
+
+func TestIdentity(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got struct {
+			UID, GID, EUID, EGID int
+			Groups               []int
+			Status               map[string]string
+		}
+		h.probe(`import os, json
+st = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+print(json.dumps({"UID": os.getuid(), "GID": os.getgid(), "EUID": os.geteuid(), "EGID": os.getegid(),
+  "Groups": os.getgroups(), "Status": {k: st.get(k, "").strip() for k in ("Uid", "Gid", "Groups")}}))`, &got)
+		if got.UID != policy.UID || got.EUID != policy.UID || got.GID != policy.GID || got.EGID != policy.GID {
+			t.Errorf("ids = uid %d euid %d gid %d egid %d, want all %d", got.UID, got.EUID, got.GID, got.EGID, policy.UID)
+		}
+		if len(got.Groups) != 0 {
+			t.Errorf("supplementary groups = %v, want none", got.Groups)
+		}
+		want := fmt.Sprintf("%d\t%d\t%d\t%d", policy.UID, policy.UID, policy.UID, policy.UID)
+		for _, k := range []string{"Uid", "Gid"} {
+			if got.Status[k] != want {
+				t.Errorf("/proc/self/status %s = %q, want %q", k, got.Status[k], want)
+			}
+		}
+		if got.Status["Groups"] != "" {
+			t.Errorf("/proc/self/status Groups = %q, want empty", got.Status["Groups"])
+		}
+	})
+}
+
+func TestCapabilitiesAndNoNewPrivsAndSeccompMode(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var st map[string]string
+		h.probe(`import json
+print(json.dumps(dict((k, v.strip()) for k, v in (l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l))))`, &st)
+		for _, k := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
+			if st[k] != "0000000000000000" {
+				t.Errorf("%s = %q, want 0000000000000000", k, st[k])
+			}
+		}
+		if st["NoNewPrivs"] != "1" {
+			t.Errorf("NoNewPrivs = %q, want 1", st["NoNewPrivs"])
+		}
+		if st["Seccomp"] != "2" {
+			t.Errorf("Seccomp = %q, want 2 (filter mode)", st["Seccomp"])
+		}
+	})
+}
+
+// x86-64 syscall numbers of the calls the policy denies, with arguments
+// that would succeed or fail differently (EFAULT, EBADF, EINVAL) without
+// the filter, so that only seccomp yields EPERM.
+var deniedProbes = []struct {
+	name string
+	nr   int
+	args []int
+}{
+	{"mount", 165, []int{0, 0, 0, 0, 0}},
+	{"umount2", 166, []int{0, 0}},
+	{"pivot_root", 155, []int{0, 0}},
+	{"chroot", 161, []int{0}},
+	{"ptrace", 101, []int{0, 0, 0, 0}}, // PTRACE_TRACEME succeeds unfiltered
+	{"process_vm_readv", 310, []int{-1, 0, 0, 0, 0, 0}},
+	{"process_vm_writev", 311, []int{-1, 0, 0, 0, 0, 0}},
+	{"bpf", 321, []int{0, 0, 0}},
+	{"perf_event_open", 298, []int{0, 0, -1, -1, 0}},
+	{"keyctl", 250, []int{0, -3, 0}}, // KEYCTL_GET_KEYRING_ID succeeds unfiltered
+	{"add_key", 248, []int{0, 0, 0, 0, 0}},
+	{"request_key", 249, []int{0, 0, 0, 0}},
+	{"unshare", 272, []int{0x10000000}}, // CLONE_NEWUSER succeeds unfiltered
+	{"setns", 308, []int{-1, 0}},
+	{"clone_newuser", 56, []int{0x10000000 | 17, 0, 0, 0, 0}},
+	{"kexec_load", 246, []int{0, 0, 0, 0}},
+	{"kexec_file_load", 320, []int{-1, -1, 0, 0, 0}},
+	{"init_module", 175, []int{0, 0, 0}},
+	{"finit_module", 313, []int{-1, 0, 0}},
+	{"delete_module", 176, []int{0, 0}},
+	{"reboot", 169, []int{0, 0, 0, 0}},
+	{"swapon", 167, []int{0, 0}},
+	{"swapoff", 168, []int{0}},
+	{"userfaultfd", 323, []int{0}},
+	{"open_by_handle_at", 304, []int{-1, 0, 0}},
+	{"io_uring_setup", 425, []int{1, 0}},
+	{"acct", 163, []int{0}},
+	{"quotactl", 179, []int{0, 0, 0, 0}},
+	{"fsopen", 430, []int{0, 0}},
+	{"open_tree", 428, []int{-1, 0, 0}},
+	{"move_mount", 429, []int{-1, 0, -1, 0, 0}},
+	{"personality", 135, []int{0xffffffff}}, // a query; succeeds unfiltered
+	{"syslog", 103, []int{10, 0, 0}},        // SYSLOG_ACTION_SIZE_BUFFER
+}
+
+func TestSeccompDeniesDangerousSyscalls(t *testing.T) {
+	if goruntime.GOARCH != "amd64" {
+		t.Skipf("syscall numbers in this test are for amd64, not %s", goruntime.GOARCH)
+	}
+	var b strings.Builder
+	b.WriteString(`import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    if r == 0 and nr == 56:
+        os._exit(0)  # the clone child, should the filter let it through
+    return [r, ctypes.get_errno()]
+out = {}
+`)
+	for _, p := range deniedProbes {
+		fmt.Fprintf(&b, "out[%q] = call(%d, %s)\n", p.name, p.nr, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(p.args)), ", "), "[]"))
+	}
+	b.WriteString("out['clone3'] = call(435, 0, 0)\nprint(json.dumps(out))\n")
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got map[string][2]int
+		h.probe(b.String(), &got)
+		for _, p := range deniedProbes {
+			r := got[p.name]
+			if r[0] != -1 || r[1] != 1 {
+				t.Errorf("%s: returned %d errno %d, want -1 EPERM", p.name, r[0], r[1])
+			}
+		}
+		// clone3 must fail with ENOSYS so that libc falls back to clone,
+		// whose namespace flags the filter can see.
+		if r := got["clone3"]; r[0] != -1 || r[1] != 38 {
+			t.Errorf("clone3: returned %d errno %d, want -1 ENOSYS", r[0], r[1])
+		}
+	})
+}
+
+func TestReadOnlyRoot(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got map[string]int
+		h.probe(`import errno, json, os
+out = {}
+for name, f in [("create /usr/lib/x", lambda: open("/usr/lib/x", "w")),
+                ("create /etc/x", lambda: open("/etc/x", "w")),
+                ("mkdir /newdir", lambda: os.mkdir("/newdir")),
+                ("write /code/main.py", lambda: open("/code/main.py", "w")),
+                ("truncate /usr/bin/python3", lambda: open("/usr/bin/python3", "wb"))]:
+    try:
+        f(); out[name] = 0
+    except OSError as e:
+        out[name] = e.errno
+out["statvfs ro"] = os.statvfs("/").f_flag & os.ST_RDONLY
+print(json.dumps(out))`, &got)
+		for k, v := range got {
+			if k == "statvfs ro" {
+				if v == 0 {
+					t.Errorf("statvfs(/) is not read-only")
+				}
+				continue
+			}
+			if v != 30 { // EROFS: refused by the mount, not merely by file modes
+				t.Errorf("%s: errno %d, want EROFS (30)", k, v)
+			}
+		}
+	})
+}
+
+func TestTmpIsSizedNoexecTmpfs(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.TmpfsBytes = 8 << 20
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			var got struct {
+				Cwd     string
+				Opts    string
+				FsType  string
+				Written int
+				Errno   int
+				Exec    int
+			}
+			h.probe(`import json, os, shutil, subprocess, sys
+out = {"Cwd": os.getcwd()}
+for l in open("/proc/self/mountinfo"):
+    f = l.split()
+    if f[4] == "/tmp":
+        out["Opts"] = f[5]; out["FsType"] = f[f.index("-") + 1]
+n = 0
+try:
+    with open("/tmp/fill", "wb") as fh:
+        while True:
+            fh.write(b"x" * 65536); fh.flush(); n += 65536
+except OSError as e:
+    out["Errno"] = e.errno
+out["Written"] = n
+os.unlink("/tmp/fill")
+shutil.copy(sys.executable, "/tmp/py")
+os.chmod("/tmp/py", 0o755)
+try:
+    subprocess.run(["/tmp/py", "-c", "pass"]); out["Exec"] = 0
+except OSError as e:
+    out["Exec"] = e.errno
+print(json.dumps(out))`, &got)
+			if got.Cwd != "/tmp" {
+				t.Errorf("cwd = %q, want /tmp", got.Cwd)
+			}
+			if got.FsType != "tmpfs" {
+				t.Errorf("/tmp fstype = %q, want tmpfs", got.FsType)
+			}
+			for _, o := range []string{"rw", "nosuid", "nodev", "noexec"} {
+				if !slices.Contains(strings.Split(got.Opts, ","), o) {
+					t.Errorf("/tmp mount options %q lack %s", got.Opts, o)
+				}
+			}
+			if got.Errno != 28 {
+				t.Errorf("filling /tmp ended with errno %d, want ENOSPC (28)", got.Errno)
+			}
+			if int64(got.Written) > limits.TmpfsBytes || int64(got.Written) < limits.TmpfsBytes-(1<<20) {
+				t.Errorf("wrote %d bytes to /tmp before ENOSPC, want about %d", got.Written, limits.TmpfsBytes)
+			}
+			if got.Exec != 13 {
+				t.Errorf("executing a file in /tmp: errno %d, want EACCES (13)", got.Exec)
+			}
+		})
+	}
+}
+
+func TestNoNetwork(t *testing.T) {
+	// A listener on the host's loopback and one on all addresses: the
+	// sandbox must reach neither.
+	lo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lo.Close()
+	all, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer all.Close()
+	accepted := make(chan string, 10)
+	for _, l := range []net.Listener{lo, all} {
+		go func(l net.Listener) {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				accepted <- c.RemoteAddr().String()
+				c.Close()
+			}
+		}(l)
+	}
+	hostIP := "192.0.2.1" // TEST-NET-1 when the host has no other address
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+				hostIP = ipn.IP.String()
+				break
+			}
+		}
+	}
+	loPort := lo.Addr().(*net.TCPAddr).Port
+	allPort := all.Addr().(*net.TCPAddr).Port
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got struct {
+			Interfaces []string
+			Loopback   string
+			HostIP     string
+			DNS        string
+		}
+		h.probe(fmt.Sprintf(`import json, socket
+def try_connect(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return "connected"
+    except OSError as e:
+        return type(e).__name__ + ":" + str(e.errno)
+def try_dns():
+    try:
+        socket.getaddrinfo("example.com", 80); return "resolved"
+    except OSError as e:
+        return type(e).__name__
+print(json.dumps({"Interfaces": [n for _, n in socket.if_nameindex()],
+  "Loopback": try_connect("127.0.0.1", %d), "HostIP": try_connect(%q, %d), "DNS": try_dns()}))`,
+			loPort, hostIP, allPort), &got)
+		if !slices.Equal(got.Interfaces, []string{"lo"}) {
+			t.Errorf("interfaces = %v, want [lo]", got.Interfaces)
+		}
+		if got.Loopback == "connected" || got.HostIP == "connected" || got.DNS == "resolved" {
+			t.Errorf("network reachable: loopback %s, host ip %s %s, dns %s", got.Loopback, hostIP, got.HostIP, got.DNS)
+		}
+		select {
+		case a := <-accepted:
+			t.Errorf("host listener accepted a connection from %s", a)
+		default:
+		}
+	})
+}
+
+func TestNamespacesAndHostname(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got struct {
+			Pid      int
+			Pids     []string
+			Hostname string
+			Nodename string
+		}
+		h.probe(`import json, os, socket
+print(json.dumps({"Pid": os.getpid(), "Pids": sorted(p for p in os.listdir("/proc") if p.isdigit()),
+  "Hostname": socket.gethostname(), "Nodename": os.uname().nodename}))`, &got)
+		if got.Pid != 1 {
+			t.Errorf("pid = %d, want 1 (own pid namespace)", got.Pid)
+		}
+		if !slices.Equal(got.Pids, []string{"1"}) {
+			t.Errorf("/proc lists pids %v, want only [1]", got.Pids)
+		}
+		if got.Hostname != policy.Hostname || got.Nodename != policy.Hostname {
+			t.Errorf("hostname = %q / %q, want %q", got.Hostname, got.Nodename, policy.Hostname)
+		}
+	})
+}
+
+func TestEnvironmentIsAllowlist(t *testing.T) {
+	const secret = "s3cret-token-that-must-not-leak"
+	t.Setenv("MCP_EXEC_AUTH_TOKEN", secret)
+	t.Setenv("SOME_HOST_SECRET", secret)
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		res := h.mustRun(`import os, json
+print(json.dumps(dict(os.environ)))
+print(open("/proc/self/environ", "rb").read().decode(errors="replace"))
+print(open("/proc/1/cmdline", "rb").read().decode(errors="replace"))`)
+		if strings.Contains(string(res.Stdout)+string(res.Stderr), secret) {
+			t.Fatalf("the server's secret reached the sandbox: %s", res.Stdout)
+		}
+		var env map[string]string
+		if err := json.Unmarshal([]byte(strings.SplitN(string(res.Stdout), "\n", 2)[0]), &env); err != nil {
+			t.Fatalf("decoding environ: %v\n%s", err, res.Stdout)
+		}
+		var got, want []string
+		for k := range env {
+			got = append(got, k)
+		}
+		for _, kv := range policy.Env() {
+			k, _, _ := strings.Cut(kv, "=")
+			want = append(want, k)
+		}
+		sort.Strings(got)
+		sort.Strings(want)
+		// gVisor and Python may add nothing; LC_CTYPE is Python's own
+		// coercion marker and not the host's.
+		got = slices.DeleteFunc(got, func(k string) bool { return k == "LC_CTYPE" })
+		if !slices.Equal(got, want) {
+			t.Errorf("environment keys = %v, want exactly %v", got, want)
+		}
+		if env["HOME"] != "/tmp" {
+			t.Errorf("HOME = %q, want /tmp", env["HOME"])
+		}
+	})
+}
+
+func TestHostInvisible(t *testing.T) {
+	marker := filepath.Join("/var/tmp", "mcp-exec-marker-"+fmt.Sprint(time.Now().UnixNano()))
+	if err := os.WriteFile(marker, []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(marker)
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got map[string]bool
+		h.probe(fmt.Sprintf(`import json, os
+paths = [%q, "/root", "/home", "/var", "/work", "/run", "/srv", "/opt", "/etc/shadow", "/etc/ssh",
+         "/usr/bin/bash", "/bin/sh", "/usr/local/go", "/sys/fs/cgroup", "/proc/1/root/etc/shadow"]
+print(json.dumps({p: os.path.exists(p) for p in paths}))`, marker), &got)
+		for p, exists := range got {
+			if exists {
+				t.Errorf("%s is visible inside the sandbox", p)
+			}
+		}
+	})
+}
+
+func TestMaskedProc(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got struct {
+			Contents map[string]int
+			SysWrite int
+			SysRO    bool
+		}
+		h.probe(`import json, os
+c = {}
+for p in ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/sysrq-trigger", "/proc/kallsyms"]:
+    try:
+        c[p] = len(open(p, "rb").read(4096))
+    except OSError as e:
+        c[p] = -e.errno
+w = 0
+try:
+    open("/proc/sys/kernel/hostname", "w").write("x")
+except OSError as e:
+    w = e.errno
+ro = False
+for l in open("/proc/self/mountinfo"):
+    f = l.split()
+    if f[4] == "/proc/sys":
+        ro = "ro" in f[5].split(",")
+print(json.dumps({"Contents": c, "SysWrite": w, "SysRO": ro}))`, &got)
+		for p, n := range got.Contents {
+			if n > 0 {
+				t.Errorf("%s: read %d bytes, want it masked (empty or unreadable)", p, n)
+			}
+		}
+		if got.SysWrite == 0 {
+			t.Errorf("writing /proc/sys/kernel/hostname succeeded")
+		}
+		if h.kind == "libcontainer" && !got.SysRO {
+			t.Errorf("/proc/sys is not mounted read-only")
+		}
+	})
+}
+
+func TestDevContents(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got struct {
+			Chars []string
+			Other []string
+			Shm   string
+		}
+		h.probe(`import json, os, stat
+chars, other = [], []
+for n in sorted(os.listdir("/dev")):
+    st = os.lstat("/dev/" + n)
+    (chars if stat.S_ISCHR(st.st_mode) else other).append(n)
+shm = ""
+for l in open("/proc/self/mountinfo"):
+    f = l.split()
+    if f[4] == "/dev/shm":
+        shm = f[f.index("-") + 1]
+print(json.dumps({"Chars": chars, "Other": other, "Shm": shm}))`, &got)
+		want := []string{"full", "null", "random", "tty", "urandom", "zero"}
+		if !slices.Equal(got.Chars, want) {
+			t.Errorf("character devices in /dev = %v, want %v", got.Chars, want)
+		}
+		// Besides the devices: /dev/shm, and the runtimes' standard links
+		// into /proc/self/fd (and pts/ptmx on gVisor).
+		allowed := []string{"shm", "fd", "stdin", "stdout", "stderr", "core", "ptmx", "pts", "mqueue"}
+		for _, n := range got.Other {
+			if !slices.Contains(allowed, n) {
+				t.Errorf("unexpected /dev entry %q", n)
+			}
+		}
+		if got.Shm != "tmpfs" {
+			t.Errorf("/dev/shm fstype = %q, want tmpfs", got.Shm)
+		}
+	})
+}
+
+func TestMemoryBombIsOOMKilled(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.MemoryBytes = 64 << 20
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			res := h.mustRun(`b = []
+while True:
+    b.append(bytearray(8 << 20))`)
+			if !res.OOMKilled {
+				t.Errorf("OOMKilled = false, want true (exit %d, stderr %s)", res.ExitCode, res.Stderr)
+			}
+			if res.ExitCode != 137 {
+				t.Errorf("exit code = %d, want 137 (SIGKILL)", res.ExitCode)
+			}
+			if res.TimedOut {
+				t.Errorf("TimedOut = true, want false")
+			}
+		})
+	}
+}
+
+func TestForkBombIsContained(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.Pids = 32
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			var got struct{ Forked, Errno int }
+			h.probe(`import json, os, time
+n, err = 0, 0
+for i in range(500):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e.errno
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    n += 1
+print(json.dumps({"Forked": n, "Errno": err}))`, &got)
+			if got.Errno != 11 || got.Forked >= int(limits.Pids) {
+				t.Errorf("forked %d processes, stopped by errno %d; want fewer than %d, stopped by EAGAIN", got.Forked, got.Errno, limits.Pids)
+			}
+			// A real fork bomb: contained, killed at the timeout, nothing left.
+			res := h.mustRun(`import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass`, withTimeout(3*time.Second))
+			if !res.TimedOut {
+				t.Errorf("fork bomb: TimedOut = false, want true (exit %d)", res.ExitCode)
+			}
+		})
+	}
+}
+
+func TestTimeoutKillsDetachedDescendants(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		start := time.Now()
+		res := h.mustRun(`import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print("grandchild", os.getpid(), flush=True)
+        while True:
+            time.sleep(1)
+    os._exit(0)
+while True:
+    time.sleep(1)`, withTimeout(2*time.Second))
+		if !res.TimedOut || res.ExitCode != 137 {
+			t.Errorf("TimedOut = %v, exit = %d; want true, 137", res.TimedOut, res.ExitCode)
+		}
+		if !strings.Contains(string(res.Stdout), "grandchild") {
+			t.Errorf("stdout = %q, want the grandchild's line", res.Stdout)
+		}
+		if el := time.Since(start); el > 15*time.Second {
+			t.Errorf("run took %v after a 2s timeout", el)
+		}
+		// harness.run has asserted that no process of the call survived.
+
+		// The code's own exit ends the container even with a setsid'd
+		// descendant still running.
+		res = h.mustRun(`import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(600)
+    os._exit(0)
+print("parent done")`, withTimeout(60*time.Second))
+		if res.TimedOut || res.ExitCode != 0 {
+			t.Errorf("parent exit: TimedOut = %v, exit = %d; want false, 0", res.TimedOut, res.ExitCode)
+		}
+	})
+}
+
+func TestOutputFloodIsTruncatedNotBlocked(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		const capBytes = 1 << 20
+		res := h.mustRun(`import sys
+chunk = b"x" * (1 << 20)
+for _ in range(100):
+    sys.stdout.buffer.write(chunk)
+sys.stdout.flush()
+sys.stderr.write("done")`, withMaxOutput(capBytes), withTimeout(120*time.Second))
+		if res.TimedOut || res.ExitCode != 0 {
+			t.Fatalf("flood: TimedOut = %v, exit = %d, stderr %q; want a normal exit", res.TimedOut, res.ExitCode, res.Stderr)
+		}
+		if !res.StdoutTruncated || len(res.Stdout) != capBytes || res.StdoutBytes != 100<<20 {
+			t.Errorf("stdout: truncated %v, kept %d, counted %d; want true, %d, %d", res.StdoutTruncated, len(res.Stdout), res.StdoutBytes, capBytes, 100<<20)
+		}
+		if res.StderrTruncated || string(res.Stderr) != "done" {
+			t.Errorf("stderr: truncated %v, %q; want false, \"done\"", res.StderrTruncated, res.Stderr)
+		}
+		t.Logf("100 MiB flood took %v", res.Duration)
+	})
+}
+
+func TestOutputBytesPassThrough(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		res := h.mustRun(`import sys
+sys.stdout.buffer.write(b"\xff\xfe ok \xe2\x82")
+sys.stderr.buffer.write(b"err \x80")`)
+		if string(res.Stdout) != "\xff\xfe ok \xe2\x82" || string(res.Stderr) != "err \x80" {
+			t.Errorf("stdout %q stderr %q: bytes were altered", res.Stdout, res.Stderr)
+		}
+	})
+}
+
+func TestExitCodesAndStdin(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		for _, tc := range []struct {
+			code string
+			want int
+		}{
+			{"pass", 0},
+			{"import sys; sys.exit(3)", 3},
+			{"raise SystemExit(255)", 255},
+			{"1/0", 1},
+			{"import ctypes; ctypes.string_at(0)", 128 + 11},
+		} {
+			if res := h.mustRun(tc.code); res.ExitCode != tc.want {
+				t.Errorf("%s: exit %d, want %d (stderr %s)", tc.code, res.ExitCode, tc.want, res.Stderr)
+			}
+		}
+		res := h.mustRun(`import sys; data = sys.stdin.read(); print(len(data), data[:5], sys.stdin.read() == "")`,
+			withStdin([]byte("hello"+strings.Repeat("x", 200<<10))))
+		if want := fmt.Sprintf("%d hello True\n", 5+200<<10); string(res.Stdout) != want {
+			t.Errorf("stdin echo = %q, want %q", res.Stdout, want)
+		}
+		// A program that never reads its stdin is not held up by it.
+		res = h.mustRun(`print("ignored")`, withStdin(make([]byte, 1<<20)))
+		if res.ExitCode != 0 || string(res.Stdout) != "ignored\n" {
+			t.Errorf("unread stdin: exit %d stdout %q", res.ExitCode, res.Stdout)
+		}
+	})
+}
+
+func TestOrdinaryPythonWorks(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		res := h.mustRun(`import json, sqlite3, decimal, ssl, hashlib, subprocess, sys, threading, multiprocessing, tempfile, locale
+threads = [threading.Thread(target=lambda: sum(range(10000))) for _ in range(16)]
+[t.start() for t in threads]; [t.join() for t in threads]
+out = subprocess.run([sys.executable, "-c", "print(6*7)"], capture_output=True, text=True, check=True).stdout.strip()
+def sq(x): return x * x
+if __name__ == "__main__":
+    with multiprocessing.Pool(2) as p:
+        mp = p.map(sq, range(5))
+    db = sqlite3.connect(":memory:"); db.execute("create table t(x)"); db.execute("insert into t values (1)")
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(b"x")
+    print(json.dumps({"sub": out, "mp": mp, "db": db.execute("select x from t").fetchone()[0],
+      "dec": str(decimal.Decimal("1.1") + decimal.Decimal("2.2")), "ssl": ssl.OPENSSL_VERSION[:7],
+      "sha": hashlib.sha256(b"").hexdigest()[:8]}))`, withTimeout(60*time.Second))
+		want := `{"sub": "42", "mp": [0, 1, 4, 9, 16], "db": 1, "dec": "3.3", "ssl": "OpenSSL", "sha": "e3b0c442"}` + "\n"
+		if res.ExitCode != 0 || string(res.Stdout) != want {
+			t.Errorf("exit %d\nstdout %s\nwant   %s\nstderr %s", res.ExitCode, res.Stdout, want, res.Stderr)
+		}
+	})
+}
+
+func TestCancelKillsAtOnce(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(time.Second, cancel)
+		start := time.Now()
+		_, err := h.run(`import time; time.sleep(120)`, withContext(ctx), withTimeout(120*time.Second))
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Run after cancel: err = %v, want context.Canceled", err)
+		}
+		if el := time.Since(start); el > 15*time.Second {
+			t.Errorf("cancelled run took %v", el)
+		}
+	})
+}
