@@ -56,6 +56,26 @@ func testRootfs(t *testing.T) string {
 	return shared.rootfs
 }
 
+// benchRootfs is testRootfs for benchmarks.
+func benchRootfs(b *testing.B) string {
+	b.Helper()
+	if os.Geteuid() != 0 {
+		b.Skip("root is required to create containers")
+	}
+	shared.once.Do(func() {
+		py, err := rootfs.FindPython(context.Background(), "")
+		if err != nil {
+			shared.err = err
+			return
+		}
+		shared.rootfs, shared.err = rootfs.Ensure(context.Background(), py, rootfs.DefaultCacheDir(), nil)
+	})
+	if shared.err != nil {
+		b.Fatalf("building the rootfs: %v", shared.err)
+	}
+	return shared.rootfs
+}
+
 // runtimeKinds are the runtimes every sandbox property is tested against.
 func runtimeKinds(t *testing.T) []runtime.Kind {
 	kinds := []runtime.Kind{runtime.Libcontainer}

@@ -61,6 +61,8 @@ func newSandbox(ctx context.Context, cfg config, log *slog.Logger) (_ *sandbox, 
 			return nil, fmt.Errorf("%w: finding python (MCP_EXEC_PYTHON): %w", errSandboxStart, err)
 		}
 		start := time.Now()
+		// A cached rootfs was proven at build time by running Python in a
+		// real sandbox; it is not re-run on every start.
 		dir, err = rootfs.Ensure(ctx, py, rootfs.DefaultCacheDir(), func(ctx context.Context, dir string) error {
 			_, err := s.validateRootfs(ctx, dir, cfg.Limits)
 			return err
@@ -68,6 +70,7 @@ func newSandbox(ctx context.Context, cfg config, log *slog.Logger) (_ *sandbox, 
 		if err != nil {
 			return nil, fmt.Errorf("%w: preparing the default rootfs: %w", errSandboxStart, err)
 		}
+		s.pythonVersion = py.Version
 		log.Debug("rootfs ready", "dir", dir, "python", py.Path, "elapsed", time.Since(start))
 	} else {
 		abs, err := filepath.Abs(dir)
@@ -78,12 +81,13 @@ func newSandbox(ctx context.Context, cfg config, log *slog.Logger) (_ *sandbox, 
 		if err := rootfs.Check(dir); err != nil {
 			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s is not a usable rootfs: %w", errSandboxStart, dir, err)
 		}
+		// A rootfs of the operator's making is proven once per start.
+		version, err := s.validateRootfs(ctx, dir, cfg.Limits)
+		if err != nil {
+			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s: %w", errSandboxStart, dir, err)
+		}
+		s.pythonVersion = version
 	}
-	version, err := s.validateRootfs(ctx, dir, cfg.Limits)
-	if err != nil {
-		return nil, fmt.Errorf("%w: rootfs %s: %w", errSandboxStart, dir, err)
-	}
-	s.pythonVersion = version
 	s.bundleCfg = bundle.Config{Rootfs: dir, Python: rootfs.PythonPath, Limits: cfg.Limits}
 	return s, nil
 }

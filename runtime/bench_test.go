@@ -1,0 +1,79 @@
+package runtime_test
+
+import (
+	"context"
+	"os/exec"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+// BenchmarkPrint1 measures one sandboxed print(1) per runtime, phase by
+// phase, against `/usr/bin/python3 -c print(1)` (the interpreter the rootfs
+// is built from) on the host measured in the same
+// run. It reports medians and the ratio; it never fails on a slow machine.
+func BenchmarkPrint1(b *testing.B) {
+	for _, kind := range []runtime.Kind{runtime.Libcontainer, runtime.Runsc} {
+		b.Run(string(kind), func(b *testing.B) {
+			if kind == runtime.Runsc && !runscAvailableB() {
+				b.Skip("runsc is not usable here")
+			}
+			dir := benchRootfs(b)
+			rt, err := runtime.New(kind, runtime.Config{StateDir: b.TempDir() + "/state"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer rt.Close()
+			cfg := bundle.Config{Rootfs: dir, Python: "/usr/bin/python3", Limits: policy.DefaultLimits()}
+			var prep, run, closeT, total, base []time.Duration
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				bd, err := bundle.New(rt.BundleDir(), cfg, bundle.Input{ID: uuid.NewString(), Code: []byte("print(1)")})
+				if err != nil {
+					b.Fatal(err)
+				}
+				sb, err := rt.Prepare(context.Background(), bd)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				res, err := sb.Run(context.Background(), runtime.Request{Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+				if err != nil || string(res.Stdout) != "1\n" {
+					b.Fatalf("run: %v %q %q", err, res.Stdout, res.Stderr)
+				}
+				t2 := time.Now()
+				if err := sb.Close(); err != nil {
+					b.Fatal(err)
+				}
+				t3 := time.Now()
+				prep, run, closeT, total = append(prep, t1.Sub(t0)), append(run, t2.Sub(t1)), append(closeT, t3.Sub(t2)), append(total, t3.Sub(t0))
+
+				t4 := time.Now()
+				if out, err := exec.Command("/usr/bin/python3", "-c", "print(1)").Output(); err != nil || string(out) != "1\n" {
+					b.Fatalf("baseline: %v %q", err, out)
+				}
+				base = append(base, time.Since(t4))
+			}
+			b.ReportMetric(ms(median(prep)), "prepare-ms")
+			b.ReportMetric(ms(median(run)), "run-ms")
+			b.ReportMetric(ms(median(closeT)), "teardown-ms")
+			b.ReportMetric(ms(median(total)), "total-ms")
+			b.ReportMetric(ms(median(base)), "python3-ms")
+			b.ReportMetric(float64(median(total))/float64(median(base)), "x-python3")
+		})
+	}
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
