@@ -2,11 +2,92 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"os"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
+// serveCmd runs the MCP server until its client goes (stdio) or ctx is
+// done (SIGTERM, SIGINT): in-flight calls are cancelled, which kills their
+// containers, the sandbox is torn down, and the exit status is 0.
 func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fmt.Fprintln(stderr, "mcp-exec serve: not built yet")
-	return 1
+	fs := flag.NewFlagSet("mcp-exec serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	verbose := fs.Bool("v", false, "debug logging")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mcp-exec [serve] [flags]")
+		fs.PrintDefaults()
+	}
+	cfg, err := loadConfig(fs, args, os.LookupEnv, true)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "mcp-exec serve:", err)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "mcp-exec serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+
+	// Logs go to stderr only: in stdio mode stdout is the protocol.
+	level, sdkLevel := slog.LevelInfo, slog.LevelWarn
+	if *verbose {
+		level, sdkLevel = slog.LevelDebug, slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	sdkLog := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: sdkLevel})).With("component", "mcp")
+
+	audit, err := openAudit(cfg.AuditLog, stderr, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "mcp-exec serve:", err)
+		return 2
+	}
+	defer audit.close()
+
+	// Bind before the sandbox comes up, so that a busy address fails at
+	// once; connections wait in the backlog until the sandbox is ready.
+	var ln net.Listener
+	if cfg.Transport != "stdio" {
+		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {
+			fmt.Fprintln(stderr, "mcp-exec serve: MCP_EXEC_ADDR:", err)
+			return 1
+		}
+		defer ln.Close()
+	}
+
+	sb, err := newSandbox(ctx, cfg, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0 // stopped while starting
+		}
+		fmt.Fprintln(stderr, "mcp-exec serve:", err)
+		return 1
+	}
+	log.Info("sandbox ready", "runtime", cfg.Runtime, "python", sb.pythonVersion, "max_concurrency", cfg.MaxConcurrency)
+
+	s := newExecServer(ctx, cfg, sb, audit, log)
+	if cfg.Transport == "stdio" {
+		srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: "stdio"} }, sdkLog)
+		err = srv.Run(ctx, stdioTransport(stdin, stdout, int(maxMessageBytes(cfg)), log))
+	} else {
+		err = serveHTTP(ctx, ln, cfg, s, log, sdkLog)
+	}
+	s.drain()
+	if cerr := sb.close(); cerr != nil {
+		log.Error("tearing down the sandbox", "err", cerr)
+	}
+	if err != nil && ctx.Err() == nil {
+		fmt.Fprintln(stderr, "mcp-exec serve:", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
 }

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+// auditRecord is one line of the audit log: metadata about a call, never
+// its code, stdin or output.
+type auditRecord struct {
+	Time            time.Time   `json:"time"`
+	CallID          string      `json:"call_id"`
+	Client          string      `json:"client"`
+	CodeSHA256      string      `json:"code_sha256"`
+	CodeBytes       int         `json:"code_bytes"`
+	StdinBytes      int         `json:"stdin_bytes"`
+	Runtime         string      `json:"runtime"`
+	Limits          auditLimits `json:"limits"`
+	ExitCode        *int        `json:"exit_code"` // null when the code did not run
+	TimedOut        bool        `json:"timed_out"`
+	OOMKilled       bool        `json:"oom_killed"`
+	StdoutTruncated bool        `json:"stdout_truncated"`
+	StderrTruncated bool        `json:"stderr_truncated"`
+	StdoutBytes     int64       `json:"stdout_bytes"`
+	StderrBytes     int64       `json:"stderr_bytes"`
+	DurationMS      int64       `json:"duration_ms"`
+	Error           string      `json:"error,omitempty"`
+}
+
+type auditLimits struct {
+	TimeoutS       float64 `json:"timeout_s,omitempty"`
+	MemoryBytes    int64   `json:"memory_bytes"`
+	Pids           int64   `json:"pids"`
+	CPUs           float64 `json:"cpus"`
+	TmpfsBytes     int64   `json:"tmpfs_bytes"`
+	MaxOutputBytes int64   `json:"max_output_bytes"`
+}
+
+// setResult records the verdict of a call that got as far as validation.
+func (r *auditRecord) setResult(res runtime.Result, timeout time.Duration, err error) {
+	r.Limits.TimeoutS = timeout.Seconds()
+	if err != nil {
+		r.Error = err.Error()
+	}
+	if res.Duration == 0 && err != nil {
+		return // the code never ran
+	}
+	code := res.ExitCode
+	r.ExitCode = &code
+	r.TimedOut, r.OOMKilled = res.TimedOut, res.OOMKilled
+	r.StdoutTruncated, r.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
+	r.StdoutBytes, r.StderrBytes = res.StdoutBytes, res.StderrBytes
+	r.DurationMS = res.Duration.Milliseconds()
+}
+
+// auditLog writes one JSON line per call. A nil *auditLog is off.
+type auditLog struct {
+	mu  sync.Mutex
+	w   io.Writer
+	c   io.Closer // nil for stderr
+	log *slog.Logger
+}
+
+// openAudit opens the audit log named by MCP_EXEC_AUDIT_LOG: "" is off, "-"
+// is stderr, anything else a file appended to and readable by the owner only.
+func openAudit(path string, stderr io.Writer, log *slog.Logger) (*auditLog, error) {
+	switch path {
+	case "":
+		return nil, nil
+	case "-":
+		return &auditLog{w: stderr, log: log}, nil
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("MCP_EXEC_AUDIT_LOG: opening %s: %w", path, err)
+	}
+	return &auditLog{w: f, c: f, log: log}, nil
+}
+
+func (a *auditLog) write(r auditRecord) {
+	if a == nil {
+		return
+	}
+	line, err := json.Marshal(r)
+	if err != nil {
+		a.log.Error("encoding audit record", "err", err)
+		return
+	}
+	line = append(line, '\n')
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// One write per record, so that O_APPEND keeps lines whole even when
+	// several servers share the file.
+	if _, err := a.w.Write(line); err != nil {
+		a.log.Error("writing audit log", "call", r.CallID, "err", err)
+	}
+}
+
+func (a *auditLog) close() error {
+	if a == nil || a.c == nil {
+		return nil
+	}
+	return a.c.Close()
+}
