@@ -33,8 +33,8 @@ func applyStep(t *testing.T, name string) *specs.Spec {
 
 func TestStepProcess(t *testing.T) {
 	p := applyStep(t, "process").Process
-	if want := []string{"/usr/bin/python3", CodePath}; !slices.Equal(p.Args, want) {
-		t.Errorf("Args = %v, want %v (code as a file, never on argv)", p.Args, want)
+	if want := []string{"/usr/bin/python3", "-c", initScript}; !slices.Equal(p.Args, want) {
+		t.Errorf("Args = %v, want %v (the fixed init; the code only as a file)", p.Args, want)
 	}
 	if p.Cwd != "/tmp" {
 		t.Errorf("Cwd = %q, want /tmp", p.Cwd)

@@ -45,10 +45,11 @@ func Spec(cfg Config, codeDir string) *specs.Spec {
 	return s
 }
 
-// withProcess runs the code file as __main__ as the unprivileged user, in
-// /tmp, with the allowlisted environment and no way to gain privileges.
+// withProcess runs the code file as __main__, under a small init (see
+// initScript), as the unprivileged user, in /tmp, with the allowlisted
+// environment and no way to gain privileges.
 func withProcess(s *specs.Spec, cfg Config, _ string) {
-	s.Process.Args = []string{cfg.Python, CodePath}
+	s.Process.Args = []string{cfg.Python, "-c", initScript}
 	s.Process.Env = policy.Env()
 	s.Process.Cwd = "/tmp"
 	s.Process.User = specs.User{UID: policy.UID, GID: policy.GID, AdditionalGids: []uint32{}}

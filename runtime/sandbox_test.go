@@ -316,21 +316,53 @@ func TestNamespacesAndHostname(t *testing.T) {
 	forEachRuntime(t, func(t *testing.T, h *harness) {
 		var got struct {
 			Pid      int
-			Pids     []string
+			Pids     []int
+			Init     string
 			Hostname string
 			Nodename string
 		}
 		h.probe(`import json, os, socket
-print(json.dumps({"Pid": os.getpid(), "Pids": sorted(p for p in os.listdir("/proc") if p.isdigit()),
+print(json.dumps({"Pid": os.getpid(), "Pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+  "Init": open("/proc/1/cmdline").read().split(chr(0))[0],
   "Hostname": socket.gethostname(), "Nodename": os.uname().nodename}))`, &got)
-		if got.Pid != 1 {
-			t.Errorf("pid = %d, want 1 (own pid namespace)", got.Pid)
+		// Only the sandbox's init (pid 1) and the code itself exist.
+		if !slices.Equal(got.Pids, []int{1, got.Pid}) || got.Pid == 1 {
+			t.Errorf("/proc lists pids %v with the code as pid %d, want only [1 %d] (own pid namespace)", got.Pids, got.Pid, got.Pid)
 		}
-		if !slices.Equal(got.Pids, []string{"1"}) {
-			t.Errorf("/proc lists pids %v, want only [1]", got.Pids)
+		if got.Init != "/usr/bin/python3" {
+			t.Errorf("pid 1 is %q, want the sandbox's init", got.Init)
 		}
 		if got.Hostname != policy.Hostname || got.Nodename != policy.Hostname {
 			t.Errorf("hostname = %q / %q, want %q", got.Hostname, got.Nodename, policy.Hostname)
+		}
+	})
+}
+
+// The code is not pid 1, so signals behave as outside a container, and
+// orphans are reaped.
+func TestSignalsAndOrphans(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		if res := h.mustRun(`import os, signal; os.kill(os.getpid(), signal.SIGTERM); print("survived")`); res.ExitCode != 128+15 || len(res.Stdout) != 0 {
+			t.Errorf("SIGTERM to itself: exit %d stdout %q, want 143 and nothing", res.ExitCode, res.Stdout)
+		}
+		var got struct{ Zombies []string }
+		h.probe(`import json, os, time
+for i in range(20):
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os._exit(0)   # an orphan once its parent is gone
+        os._exit(0)
+    os.wait()
+time.sleep(0.5)
+z = []
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        st = open(f"/proc/{p}/stat").read()
+        if st.rsplit(")", 1)[1].split()[0] == "Z":
+            z.append(p)
+print(json.dumps({"Zombies": z}))`, &got)
+		if len(got.Zombies) != 0 {
+			t.Errorf("zombie processes %v: orphans are not reaped", got.Zombies)
 		}
 	})
 }
