@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/opencontainers/runc/libcontainer/seccomp"
@@ -29,6 +30,24 @@ type Host struct {
 	SeccompLibrary string `json:"seccomp_library,omitempty"`
 	// NoNewPrivs: this process itself runs with no_new_privs set.
 	NoNewPrivs bool `json:"no_new_privs"`
+	// InitialUserNS: this process runs in the host's initial user
+	// namespace, where uid 0 owns the cgroups. In any other user namespace
+	// uid 0 is root only over that namespace's own resources.
+	InitialUserNS bool `json:"initial_user_ns"`
+	// UIDMap is /proc/self/uid_map, one mapping per line.
+	UIDMap string `json:"uid_map"`
+	// Capabilities lists this process's effective capabilities.
+	Capabilities []string `json:"capabilities"`
+	// CgroupWritable lists the controllers (required ones only) whose
+	// hierarchy this process may create the sandboxes' cgroups in.
+	CgroupWritable []string `json:"cgroup_writable"`
+	// PtraceScope is kernel.yama.ptrace_scope, -1 without Yama.
+	PtraceScope int `json:"ptrace_scope"`
+	// AppArmor is this process's AppArmor label, empty without AppArmor.
+	AppArmor string `json:"apparmor,omitempty"`
+	// Seccomp: this process itself runs under a seccomp filter (as in a
+	// container with the engine's default profile).
+	SeccompFiltered bool `json:"seccomp_filtered"`
 }
 
 // requiredNamespaces are the namespaces every sandbox gets.
@@ -59,6 +78,30 @@ func ProbeHost() Host {
 		case "NoNewPrivs":
 			h.NoNewPrivs = strings.TrimSpace(v) == "1"
 		}
+		if k == "Seccomp" && strings.TrimSpace(v) == "2" {
+			h.SeccompFiltered = true
+		}
+		if k == "CapEff" {
+			if bits, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil {
+				h.Capabilities = capNames(bits)
+			}
+		}
+	}
+	h.UIDMap, h.InitialUserNS = probeUserNS()
+	h.CgroupWritable = probeCgroupWritable(h.CgroupVersion, h.CgroupControllers)
+	h.PtraceScope = -1
+	if data, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+			h.PtraceScope = n
+		}
+	}
+	for _, p := range []string{"/proc/self/attr/apparmor/current", "/proc/self/attr/current"} {
+		if data, err := os.ReadFile(p); err == nil {
+			if label := strings.TrimSpace(strings.TrimRight(string(data), "\x00")); label != "" {
+				h.AppArmor = label
+				break
+			}
+		}
 	}
 	if maj, min, micro := seccomp.Version(); maj+min+micro > 0 {
 		h.SeccompLibrary = fmt.Sprintf("%d.%d.%d", maj, min, micro)
@@ -86,21 +129,13 @@ func probeCgroups() (version string, controllers []string) {
 // Missing lists what the libcontainer runtime needs and this host lacks,
 // each with the fix. Empty means the full sandbox can be given.
 func (h Host) MissingForLibcontainer() []string {
-	var missing []string
-	if h.EUID != 0 {
-		missing = append(missing, "root: the libcontainer runtime creates namespaces and cgroups and needs uid 0 "+
-			"(run mcp-exec as root, or use MCP_EXEC_RUNTIME=runsc where it is supported)")
-	}
+	missing := h.missingPrivileges(Libcontainer)
 	for _, ns := range requiredNamespaces {
 		if !contains(h.Namespaces, ns) {
 			missing = append(missing, fmt.Sprintf("%s namespace: the kernel does not offer it (enable CONFIG_%s_NS)", ns, strings.ToUpper(nsConfig(ns))))
 		}
 	}
-	for _, c := range requiredControllers {
-		if !contains(h.CgroupControllers, c) {
-			missing = append(missing, fmt.Sprintf("cgroup controller %q: not available (%s); mount it, or on cgroup v2 enable it in the parent's cgroup.subtree_control", c, h.CgroupVersion))
-		}
-	}
+	missing = append(missing, h.missingControllers()...)
 	if !h.SeccompKernel {
 		missing = append(missing, "seccomp: the kernel has no seccomp filtering (enable CONFIG_SECCOMP_FILTER)")
 	}

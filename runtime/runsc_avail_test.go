@@ -1,9 +1,20 @@
 package runtime_test
 
-import "testing"
+import (
+	"testing"
 
-// runscAvailable reports whether the runsc runtime can be tested here.
-// Until the runsc runtime lands, only libcontainer is in the table.
-func runscAvailable(t *testing.T) bool { return false }
+	"github.com/inhuman/mcp-exec/runtime"
+)
 
-func runscAvailableB() bool { return false }
+// runscAvailable reports whether the runsc runtime can be tested here; when
+// it cannot, need skips (or fails under CI) with the reason.
+func runscAvailable(t *testing.T) bool {
+	t.Helper()
+	if err := runtime.RunscUsable(runtime.Config{}); err != nil {
+		need(t, "%v", err)
+		return false
+	}
+	return true
+}
+
+func runscAvailableB() bool { return runtime.RunscUsable(runtime.Config{}) == nil }

@@ -24,15 +24,38 @@ type report struct {
 	OK       bool           `json:"ok"`
 }
 
+// runtimeReport is the runtime the server would use (MCP_EXEC_RUNTIME)
+// and what it would do with it.
 type runtimeReport struct {
 	Selected runtime.Kind `json:"selected"`
+	// Mode is "full sandbox" when the selected runtime gives the whole
+	// contract here, else "refuse": the server would not start.
+	Mode string `json:"mode"`
+	// Alternative names the other runtime when it would give the full
+	// sandbox and the selected one would not.
+	Alternative runtime.Kind `json:"alternative,omitempty"`
+	// Advice lists what may still make sandboxes fail on this host.
+	Advice []string `json:"advice,omitempty"`
 }
 
+const (
+	modeFull   = "full sandbox"
+	modeRefuse = "refuse"
+)
+
+// runtimeCheck is one runtime's verdict on this host.
 type runtimeCheck struct {
 	Kind      runtime.Kind `json:"kind"`
 	Available bool         `json:"available"`
 	Detail    string       `json:"detail,omitempty"`
-	Missing   []string     `json:"missing,omitempty"`
+	// Platform is gVisor's platform (runsc only).
+	Platform string `json:"platform,omitempty"`
+	// Limits are the limits (memory, pids, cpu) it can enforce here.
+	Limits []string `json:"limits"`
+	// Missing lists what keeps it from the full sandbox, each with the fix.
+	Missing []string `json:"missing,omitempty"`
+	// Runsc is the whole runsc probe (runsc only).
+	Runsc *runtime.RunscInfo `json:"runsc,omitempty"`
 }
 
 type rootfsReport struct {
@@ -57,21 +80,33 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 2
 	}
 	r := report{Host: runtime.ProbeHost(), Runtime: runtimeReport{Selected: cfg.Runtime}}
-	lc := runtimeCheck{Kind: runtime.Libcontainer, Missing: r.Host.MissingForLibcontainer()}
+	lc := runtimeCheck{Kind: runtime.Libcontainer, Missing: r.Host.MissingForLibcontainer(), Limits: r.Host.EnforceableLimits()}
 	lc.Available = len(lc.Missing) == 0
+	if r.Host.SeccompLibrary != "" {
+		lc.Detail = "in-process, libseccomp " + r.Host.SeccompLibrary
+	}
 	rs := runtime.ProbeRunsc(ctx, cfg.RunscPath, cfg.RunscPlatform)
-	r.Runtimes = []runtimeCheck{lc, {Kind: runtime.Runsc, Available: rs.Available(), Detail: rs.Detail(), Missing: rs.Missing}}
+	r.Runtimes = []runtimeCheck{lc, {Kind: runtime.Runsc, Available: rs.Available(), Detail: rs.Detail(),
+		Platform: rs.Platform, Limits: rs.Limits, Missing: rs.Missing, Runsc: &rs}}
 
-	selected := lc
+	selected, other := r.Runtimes[0], r.Runtimes[1]
 	if cfg.Runtime == runtime.Runsc {
-		selected = r.Runtimes[1]
+		selected, other = other, selected
 	}
 	r.OK = selected.Available
+	r.Runtime.Mode = modeRefuse
+	if r.OK {
+		r.Runtime.Mode = modeFull
+	} else if other.Available {
+		r.Runtime.Alternative = other.Kind
+	}
+	r.Runtime.Advice = r.Host.Advice()
 	if r.OK {
 		// Prove it: build or find the rootfs and run Python in the sandbox.
 		sb, err := newSandbox(ctx, cfg, slog.New(slog.DiscardHandler))
 		if err != nil {
 			r.OK = false
+			r.Runtime.Mode = modeRefuse
 			r.Rootfs.Error = err.Error()
 		} else {
 			r.Rootfs.Dir = sb.bundleCfg.Rootfs
@@ -118,6 +153,9 @@ func printReport(w io.Writer, r report) {
 		lib = "NO (built without -tags seccomp)"
 	}
 	fmt.Fprintf(w, "  seccomp (library):  %s\n", lib)
+	fmt.Fprintf(w, "  user namespace:     %s\n", userNS(h))
+	fmt.Fprintf(w, "  capabilities:       %d effective (--json lists them)\n", len(h.Capabilities))
+	fmt.Fprintf(w, "  writable cgroups:   %s\n", orNone(h.CgroupWritable))
 	fmt.Fprintf(w, "runtimes\n")
 	for _, c := range r.Runtimes {
 		mark := "available"
@@ -133,9 +171,13 @@ func printReport(w io.Writer, r report) {
 			fmt.Fprintf(w, " — %s", c.Detail)
 		}
 		fmt.Fprintln(w)
+		fmt.Fprintf(w, "    limits enforceable: %s\n", orNone(c.Limits))
 		for _, m := range c.Missing {
 			fmt.Fprintf(w, "    missing: %s\n", m)
 		}
+	}
+	for _, a := range r.Runtime.Advice {
+		fmt.Fprintf(w, "advice: %s\n", a)
 	}
 	fmt.Fprintf(w, "rootfs\n")
 	if r.Rootfs.Dir != "" {
@@ -148,8 +190,26 @@ func printReport(w io.Writer, r report) {
 		fmt.Fprintf(w, "  error:   %s\n", r.Rootfs.Error)
 	}
 	if r.OK {
-		fmt.Fprintf(w, "verdict: OK — %s gives the full sandbox on this host\n", r.Runtime.Selected)
+		fmt.Fprintf(w, "verdict: OK — mode %q: %s gives the full sandbox on this host\n", r.Runtime.Mode, r.Runtime.Selected)
 	} else {
-		fmt.Fprintf(w, "verdict: NOT OK — %s cannot give the full sandbox here; fix what is listed above\n", r.Runtime.Selected)
+		fmt.Fprintf(w, "verdict: NOT OK — mode %q: the server would refuse to start, as %s cannot give the full sandbox here; fix what is listed above", r.Runtime.Mode, r.Runtime.Selected)
+		if r.Runtime.Alternative != "" {
+			fmt.Fprintf(w, ", or use MCP_EXEC_RUNTIME=%s, which can", r.Runtime.Alternative)
+		}
+		fmt.Fprintln(w)
 	}
+}
+
+func userNS(h runtime.Host) string {
+	if h.InitialUserNS {
+		return "the host's (initial)"
+	}
+	return fmt.Sprintf("a child namespace (uid_map %s)", h.UIDMap)
+}
+
+func orNone(list []string) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	return strings.Join(list, " ")
 }

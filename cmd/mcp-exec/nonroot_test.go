@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Tests of the built binary without root: under setpriv (uid 65532, no
+// capabilities, no_new_privs: what `docker run --user 65532:65532
+// --cap-drop ALL --security-opt no-new-privileges` gives) and under
+// `unshare --user --map-root-user` (uid 0 of a child user namespace). In
+// each the server must either give the whole sandbox or refuse with exit
+// status 125, naming the missing privilege and the settings that grant it,
+// and leave nothing behind. On this kind of host it refuses: no cgroup is
+// writable without root, and nothing else would enforce the limits.
+
+// nonrootProbe prints what the sandbox looks like from inside, should the
+// server ever start without root.
+const nonrootProbe = `import json, os, socket
+st = dict((k, v.strip()) for k, v in (l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l))
+print(json.dumps({"uid": os.getuid(), "CapEff": st.get("CapEff"), "CapBnd": st.get("CapBnd"), "Seccomp": st.get("Seccomp"),
+  "ifaces": [n for _, n in socket.if_nameindex()]}))`
+
+type wrapper struct {
+	name string
+	argv []string // prefix before the binary
+	want []string // what the refusal must say
+}
+
+func nonrootWrappers(t *testing.T) []wrapper {
+	for _, tool := range []string{"setpriv", "unshare"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is not installed (util-linux); CI=true makes this a failure", tool)
+			}
+			t.Skipf("%s is not installed (util-linux)", tool)
+		}
+	}
+	if os.Geteuid() != 0 {
+		// Already not root: the binary itself is the case under test.
+		return []wrapper{{"as-is", nil, []string{"root: mcp-exec runs as uid"}}}
+	}
+	return []wrapper{
+		{"setpriv", []string{"setpriv", "--reuid=65532", "--regid=65532", "--clear-groups", "--inh-caps=-all",
+			"--bounding-set=-all", "--no-new-privs"}, []string{"root: mcp-exec runs as uid 65532", "docker run --user 0:0", "runAsUser: 0"}},
+		{"unshare", []string{"unshare", "--user", "--map-root-user"},
+			[]string{"real root: mcp-exec is uid 0 only inside a user namespace (uid_map", "hostUsers: false"}},
+	}
+}
+
+// publicBinary copies the built binary where uid 65532 can run it.
+func publicBinary(t *testing.T) (bin, dir string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mcp-exec-nonroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(binaryPath(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(dir, "mcp-exec")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	home := filepath.Join(dir, "home")
+	if err := os.Mkdir(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		os.Chown(home, 65532, 65532)
+	}
+	return bin, dir
+}
+
+func TestNonRootRefusesOrGivesFullSandbox(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping a test that builds and runs the binary")
+	}
+	wrappers := nonrootWrappers(t)
+	bin, dir := publicBinary(t)
+	for _, w := range wrappers {
+		for _, kind := range []string{"libcontainer", "runsc"} {
+			t.Run(w.name+"/"+kind, func(t *testing.T) {
+				stateDir := filepath.Join(dir, "state-"+w.name+"-"+kind)
+				cmd := exec.Command(w.argv[0], append(append(w.argv[1:], bin), "run", "-c", nonrootProbe)...)
+				if len(w.argv) == 0 {
+					cmd = exec.Command(bin, "run", "-c", nonrootProbe)
+				}
+				cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+					"HOME=" + filepath.Join(dir, "home"), "MCP_EXEC_RUNTIME=" + kind, "MCP_EXEC_STATE_DIR=" + stateDir}
+				var stdout, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				cmd.WaitDelay = 5 * time.Second
+				err := cmd.Run()
+				code := 0
+				var exitErr *exec.ExitError
+				if errors.As(err, &exitErr) {
+					code = exitErr.ExitCode()
+				} else if err != nil {
+					t.Fatalf("running %v: %v", cmd.Args, err)
+				}
+				switch code {
+				case 0:
+					// It started: then it must be the whole sandbox.
+					var got struct {
+						UID                     int
+						CapEff, CapBnd, Seccomp string
+						Ifaces                  []string
+					}
+					if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+						t.Fatalf("started, but the probe printed %q: %v", stdout.String(), err)
+					}
+					if got.UID != 65532 || got.CapEff != "0000000000000000" || got.CapBnd != "0000000000000000" ||
+						got.Seccomp != "2" || strings.Join(got.Ifaces, ",") != "lo" {
+						t.Errorf("started without root with less than the full sandbox: %+v", got)
+					}
+				case exitSandboxFailed:
+					msg := stderr.String()
+					for _, want := range w.want {
+						if !strings.Contains(msg, want) {
+							t.Errorf("refusal does not say %q:\n%s", want, msg)
+						}
+					}
+					if !strings.Contains(msg, "isolation unavailable") || !strings.Contains(msg, kind) {
+						t.Errorf("refusal does not name the runtime %s:\n%s", kind, msg)
+					}
+				default:
+					t.Errorf("exit status %d, want 0 (full sandbox) or %d (refusal); stderr:\n%s", code, exitSandboxFailed, stderr.String())
+				}
+				// A refused server creates nothing: no state dir, hence no
+				// instance, hence no cgroup; and no process of it is left.
+				if _, err := os.Stat(stateDir); code != 0 && !os.IsNotExist(err) {
+					t.Errorf("refused, yet state dir %s exists (err %v)", stateDir, err)
+				}
+				if _, err := os.Stat(filepath.Join(dir, "home", ".cache")); code != 0 && !os.IsNotExist(err) {
+					t.Errorf("refused, yet a rootfs cache was started in HOME (err %v)", err)
+				}
+				assertNoProcessRunning(t, bin)
+			})
+		}
+	}
+}
+
+func TestNonRootDoctorNamesTheFix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping a test that builds and runs the binary")
+	}
+	wrappers := nonrootWrappers(t)
+	bin, dir := publicBinary(t)
+	for _, w := range wrappers {
+		t.Run(w.name, func(t *testing.T) {
+			args := append(append(w.argv, bin), "doctor", "--json")
+			cmd := exec.Command(args[0], args[1:]...)
+			cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+				"HOME=" + filepath.Join(dir, "home"), "MCP_EXEC_STATE_DIR=" + filepath.Join(dir, "doctor-state")}
+			out, err := cmd.Output()
+			var exitErr *exec.ExitError
+			if !errors.As(err, &exitErr) || exitErr.ExitCode() != 1 {
+				t.Fatalf("doctor: err %v, want exit status 1 (no runtime gives the full sandbox)", err)
+			}
+			var r report
+			if err := json.Unmarshal(out, &r); err != nil {
+				t.Fatalf("doctor --json: %v\n%s", err, out)
+			}
+			if r.OK || r.Runtime.Mode != modeRefuse || len(r.Runtimes) != 2 {
+				t.Errorf("doctor: ok %v mode %q runtimes %d, want false, %q, 2", r.OK, r.Runtime.Mode, len(r.Runtimes), modeRefuse)
+			}
+			for _, c := range r.Runtimes {
+				joined := strings.Join(c.Missing, "\n")
+				if c.Available || !strings.Contains(joined, w.want[0]) {
+					t.Errorf("doctor: %s available %v missing %q, want unavailable naming %q", c.Kind, c.Available, joined, w.want[0])
+				}
+			}
+			if r.Runtimes[1].Runsc == nil {
+				t.Errorf("doctor: no runsc probe in the report")
+			}
+		})
+	}
+}
+
+func assertNoProcessRunning(t *testing.T, bin string) {
+	t.Helper()
+	for i := 0; i < 50; i++ {
+		found := ""
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if err == nil && bytes.Contains(cmd, []byte(bin)) {
+				found = string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))
+			}
+		}
+		if found == "" {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("a process of %s is still running", bin)
+}

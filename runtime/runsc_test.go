@@ -1,0 +1,555 @@
+package runtime_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/rootfs"
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+// These tests run real gVisor sandboxes through runsc. The sandbox-property
+// suite (sandbox_test.go) covers both runtimes; what is here is specific to
+// runsc: its process tree, its verdict mapping, its seccomp translation, its
+// teardown. Where gVisor legitimately differs from libcontainer, the test
+// says so and asserts the gVisor expectation.
+
+// runscHarness is a harness on the runsc runtime, or a skip (a failure
+// under CI=true) naming what this host lacks for it.
+func runscHarness(t *testing.T, limits policy.Limits) *harness {
+	t.Helper()
+	testRootfs(t)
+	if err := runtime.RunscUsable(runtime.Config{}); err != nil {
+		need(t, "%v", err)
+	}
+	return newHarness(t, runtime.Runsc, limits)
+}
+
+// assertNoRunsc checks that no runsc process of this runtime instance is
+// left: `runsc run`, the sandbox and the gofer all carry its --root.
+func assertNoRunsc(t *testing.T, h *harness) {
+	t.Helper()
+	root := "--root=" + filepath.Join(runtime.InstanceDir(h.rt), "runsc")
+	var left []string
+	for i := 0; i < 50; i++ {
+		left = left[:0]
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if err == nil && bytes.Contains(cmd, []byte(root+"\x00")) {
+				if st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); bytes.Contains(st, []byte(") Z ")) {
+					continue // a zombie holds nothing; its parent reaps it
+				}
+				left = append(left, e.Name()+": "+string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("runsc processes left behind: %v", left)
+}
+
+func TestRunscPrint(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	res := h.mustRun("print(1)")
+	if string(res.Stdout) != "1\n" || len(res.Stderr) != 0 || res.ExitCode != 0 {
+		t.Errorf("print(1): stdout %q stderr %q exit %d, want \"1\\n\", \"\", 0", res.Stdout, res.Stderr, res.ExitCode)
+	}
+	if res.TimedOut || res.OOMKilled || res.StdoutTruncated || res.StderrTruncated {
+		t.Errorf("print(1): verdict %+v, want no timeout, OOM or truncation", res)
+	}
+	if res.PeakMemoryBytes <= 0 || res.CPUTime <= 0 {
+		t.Errorf("print(1): peak memory %d, CPU time %v, want both read from the call's cgroup", res.PeakMemoryBytes, res.CPUTime)
+	}
+	assertNoRunsc(t, h)
+}
+
+func TestRunscExitCodes(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	for _, tc := range []struct {
+		name, code string
+		want       int
+	}{
+		{"zero", "pass", 0},
+		{"exit 3", "import sys; sys.exit(3)", 3},
+		{"uncaught exception", "raise SystemError('x')", 1},
+		// runsc itself exits 128 when it fails; a program that does so
+		// must still be a normal result, told apart by runsc's error log.
+		{"exit 128", "import sys; sys.exit(128)", 128},
+		{"exit 255", "import os; os._exit(255)", 255},
+		{"SIGSEGV", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", 128 + 11},
+		{"SIGKILL", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 128 + 9},
+		{"SIGTERM", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)", 128 + 15},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := h.run(tc.code)
+			if err != nil {
+				t.Fatalf("Run(%q): %v", tc.code, err)
+			}
+			if res.ExitCode != tc.want || res.TimedOut || res.OOMKilled {
+				t.Errorf("Run(%q): exit %d timed_out %v oom %v, want exit %d and neither", tc.code, res.ExitCode, res.TimedOut, res.OOMKilled, tc.want)
+			}
+		})
+	}
+	assertNoRunsc(t, h)
+}
+
+func TestRunscStdin(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	res := h.mustRun("import sys; d = sys.stdin.read(); print(len(d), d[:5], d[-5:])", withStdin([]byte("hello"+strings.Repeat("x", 200000)+"world")))
+	if got, want := string(res.Stdout), "200010 hello world\n"; got != want {
+		t.Errorf("stdin echo: %q, want %q (stderr %q)", got, want, res.Stderr)
+	}
+	// EOF after stdin: input() at the end raises EOFError.
+	res = h.mustRun("print(input()); input()", withStdin([]byte("one\n")))
+	if string(res.Stdout) != "one\n" || !bytes.Contains(res.Stderr, []byte("EOFError")) {
+		t.Errorf("stdin then EOF: stdout %q stderr %q, want \"one\\n\" and EOFError", res.Stdout, res.Stderr)
+	}
+	// A program that never reads a large stdin is neither blocked nor
+	// blocks the call.
+	res = h.mustRun("print('ignored')", withStdin(bytes.Repeat([]byte("y"), 1<<20)))
+	if string(res.Stdout) != "ignored\n" || res.ExitCode != 0 {
+		t.Errorf("unread stdin: stdout %q exit %d, want \"ignored\\n\" 0", res.Stdout, res.ExitCode)
+	}
+}
+
+func TestRunscTimeoutKillsEverything(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	code := `import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        while True: pass
+    time.sleep(1000)
+print("started", flush=True)
+time.sleep(1000)`
+	start := time.Now()
+	res, err := h.run(code, withTimeout(time.Second))
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if !res.TimedOut || res.ExitCode != 128+9 {
+		t.Errorf("timed out %v exit %d, want true and 137", res.TimedOut, res.ExitCode)
+	}
+	if !bytes.Contains(res.Stdout, []byte("started")) {
+		t.Errorf("stdout %q: want what was written before the kill", res.Stdout)
+	}
+	// gVisor's boot counts against the limit; teardown must be prompt.
+	if elapsed > 5*time.Second {
+		t.Errorf("a 1 s timeout took %v from Run to torn down, want < 5 s", elapsed)
+	}
+	assertNoRunsc(t, h)
+}
+
+func TestRunscCancelKillsAtOnce(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(1500*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := h.run("import time; time.sleep(1000)", withContext(ctx), withTimeout(time.Minute))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Run after cancel: err %v, want context.Canceled", err)
+	}
+	if elapsed := time.Since(start); elapsed > 6*time.Second {
+		t.Errorf("cancel took %v to tear down, want < 6 s", elapsed)
+	}
+	assertNoRunsc(t, h)
+}
+
+// An OOM kill usually takes the whole gVisor sandbox (the host kernel kills
+// the sentry, which holds the code's memory): the status is 137 and the
+// call's memory cgroup is what says it was the limit.
+func TestRunscOOM(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.MemoryBytes = 96 << 20
+	h := runscHarness(t, limits)
+	for _, tc := range []struct{ name, code string }{
+		{"heap", "x = bytearray(1 << 30); print('survived')"},
+		// gVisor's tmpfs lives in the sentry's memory: its pages count.
+		{"tmpfs", "f = open('/tmp/f', 'wb')\nfor i in range(60): f.write(b'x' * (1 << 20))\nx = bytearray(60 << 20)\nprint('survived')"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := h.run(tc.code)
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if !res.OOMKilled || res.ExitCode != 128+9 || bytes.Contains(res.Stdout, []byte("survived")) {
+				t.Errorf("oom_killed %v exit %d stdout %q, want true, 137, nothing", res.OOMKilled, res.ExitCode, res.Stdout)
+			}
+		})
+	}
+	// A program that kills itself with SIGKILL is not an OOM.
+	res := h.mustRun("import os; os.kill(os.getpid(), 9)")
+	if res.OOMKilled || res.ExitCode != 137 {
+		t.Errorf("self-SIGKILL: oom_killed %v exit %d, want false 137", res.OOMKilled, res.ExitCode)
+	}
+	assertNoRunsc(t, h)
+}
+
+func TestRunscOutputFloodIsTruncatedPromptly(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	const total = 64 << 20
+	start := time.Now()
+	res := h.mustRun(fmt.Sprintf(`import sys
+b = b"x" * (1 << 20)
+for _ in range(%d): sys.stdout.buffer.write(b)
+sys.stdout.flush()
+print("stderr done", file=sys.stderr)`, total>>20), withMaxOutput(64<<10))
+	elapsed := time.Since(start)
+	if !res.StdoutTruncated || len(res.Stdout) != 64<<10 || res.StdoutBytes != total {
+		t.Errorf("stdout: truncated %v kept %d counted %d, want true, %d, %d", res.StdoutTruncated, len(res.Stdout), res.StdoutBytes, 64<<10, total)
+	}
+	if res.ExitCode != 0 || res.TimedOut || string(res.Stderr) != "stderr done\n" {
+		t.Errorf("exit %d timed out %v stderr %q: the program must run to its end, unblocked", res.ExitCode, res.TimedOut, res.Stderr)
+	}
+	if elapsed > 20*time.Second {
+		t.Errorf("64 MiB of output took %v, want < 20 s", elapsed)
+	}
+}
+
+// gVisor's kernel implements ptrace, user namespaces and more in the
+// sandbox itself; with --oci-seccomp the bundle's filter still answers
+// EPERM, and clone3 answers ENOSYS so that threads start through clone.
+func TestRunscSeccompInsideGVisor(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	var got map[string][2]int
+	h.probe(`import ctypes, json, os, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    if r == 0 and nr == 56:
+        os._exit(0)
+    return [r, ctypes.get_errno()]
+out = {
+  "ptrace": call(101, 0, 0, 0, 0),
+  "unshare CLONE_NEWUSER": call(272, 0x10000000),
+  "clone CLONE_NEWUSER": call(56, 0x10000000 | 17, 0, 0, 0, 0),
+  "keyctl": call(250, 0, -3, 0),
+  "mount": call(165, 0, 0, 0, 0, 0),
+  "bpf": call(321, 0, 0, 0),
+  "setns": call(308, -1, 0),
+  "clone3": call(435, 0, 0),
+}
+t = threading.Thread(target=lambda: None); t.start(); t.join()
+pid = os.fork()
+if pid == 0: os._exit(7)
+out["thread and fork"] = [0, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])]
+print(json.dumps(out))`, &got)
+	for name, r := range got {
+		want := [2]int{-1, 1} // EPERM
+		switch name {
+		case "clone3":
+			want = [2]int{-1, 38} // ENOSYS
+		case "thread and fork":
+			want = [2]int{0, 7}
+		}
+		if r != want {
+			t.Errorf("%s: got %v, want %v", name, r, want)
+		}
+	}
+	if len(got) != 9 {
+		t.Errorf("probe answered %d calls, want 9: %v", len(got), got)
+	}
+}
+
+// gVisor-specific: /proc/self/status has no NoNewPrivs or CapAmb line, so
+// no_new_privs is read with prctl, and gVisor has no ambient capabilities
+// at all (PR_CAP_AMBIENT fails with EINVAL).
+func TestRunscIdentityCapsNetwork(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	var got struct {
+		UID, GID, EUID, EGID int
+		Groups               []int
+		Status               map[string]string
+		NNP                  int
+		Bounding             []int
+		Ifaces               []string
+		Connect              int
+		Hostname             string
+	}
+	h.probe(`import ctypes, errno, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+st = dict((k, v.strip()) for k, v in (l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l))
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect(("1.1.1.1", 53)); c = 0
+except OSError as e:
+    c = e.errno
+print(json.dumps({"UID": os.getuid(), "GID": os.getgid(), "EUID": os.geteuid(), "EGID": os.getegid(),
+  "Groups": os.getgroups(), "Status": st, "NNP": libc.prctl(39, 0, 0, 0, 0),
+  "Bounding": [c for c in range(41) if libc.prctl(23, c, 0, 0, 0) == 1],
+  "Ifaces": [n for _, n in socket.if_nameindex()], "Connect": c, "Hostname": socket.gethostname()}))`, &got)
+	if got.UID != policy.UID || got.EUID != policy.UID || got.GID != policy.GID || got.EGID != policy.GID || len(got.Groups) != 0 {
+		t.Errorf("ids uid %d euid %d gid %d egid %d groups %v, want %d and no groups", got.UID, got.EUID, got.GID, got.EGID, got.Groups, policy.UID)
+	}
+	for _, k := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd"} {
+		if got.Status[k] != "0000000000000000" {
+			t.Errorf("%s = %q, want 0000000000000000", k, got.Status[k])
+		}
+	}
+	if got.Status["Seccomp"] != "2" {
+		t.Errorf("Seccomp = %q, want 2: --oci-seccomp must install the bundle's filter", got.Status["Seccomp"])
+	}
+	if got.NNP != 1 {
+		t.Errorf("prctl(PR_GET_NO_NEW_PRIVS) = %d, want 1", got.NNP)
+	}
+	if len(got.Bounding) != 0 {
+		t.Errorf("capabilities in the bounding set: %v, want none", got.Bounding)
+	}
+	if len(got.Ifaces) != 1 || got.Ifaces[0] != "lo" {
+		t.Errorf("interfaces %v, want only lo", got.Ifaces)
+	}
+	if got.Connect == 0 {
+		t.Errorf("connect to 1.1.1.1:53 succeeded, want a failure")
+	}
+	if got.Hostname != policy.Hostname {
+		t.Errorf("hostname %q, want %q", got.Hostname, policy.Hostname)
+	}
+}
+
+// The limits are enforced by the host's cgroups on the sandbox's host
+// processes. gVisor-specific for pids: threads of the code are not host
+// tasks (they are bounded by memory), processes are (one ptrace stub each),
+// and when the host limit is hit the sentry cannot start a thread and the
+// whole sandbox ends, instead of fork failing with EAGAIN.
+func TestRunscLimits(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.CPUs = 0.25
+	limits.Pids = 64
+	h := runscHarness(t, limits)
+
+	res := h.mustRun("import time\nend = time.time() + 2\nwhile time.time() < end: pass")
+	if ratio := float64(res.CPUTime) / float64(res.Duration); res.CPUTime <= 0 || ratio > 0.25*1.6 {
+		t.Errorf("CPU time %v over %v (%.2f cores), want ≤ 0.25 × 1.6 cores under a 0.25 quota", res.CPUTime, res.Duration, ratio)
+	}
+
+	res = h.mustRun(`import os, time
+for i in range(500):
+    if os.fork() == 0:
+        time.sleep(30); os._exit(0)
+print("forked 500", flush=True)`, withTimeout(60*time.Second))
+	if bytes.Contains(res.Stdout, []byte("forked 500")) || res.ExitCode == 0 || res.TimedOut {
+		t.Errorf("fork bomb under pids=64: exit %d timed out %v stdout %q, want the sandbox ended early", res.ExitCode, res.TimedOut, res.Stdout)
+	}
+	assertNoRunsc(t, h)
+}
+
+// A sandbox runsc cannot create is an error (ErrSandbox, with runsc's own
+// message), not a result, and leaves nothing behind.
+func TestRunscSandboxFailureIsAnError(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	cfg := h.cfg
+	cfg.Rootfs = filepath.Join(t.TempDir(), "no-such-rootfs")
+	if err := os.Mkdir(cfg.Rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.New(h.rt.BundleDir(), cfg, bundle.Input{ID: uuid.NewString(), Code: []byte("print(1)")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+	if !errors.Is(err, runtime.ErrSandbox) || !strings.Contains(err.Error(), "runsc could not run") {
+		t.Errorf("Run on an empty rootfs: res %+v err %v, want ErrSandbox naming runsc's failure", res, err)
+	}
+	h.assertClean(b)
+	assertNoRunsc(t, h)
+}
+
+// TestRunscDeadServerIsSwept kills a server (a child test process) in the
+// middle of a call and checks that its sandbox dies with it, and that the
+// next runtime on the same state dir removes everything it left.
+func TestRunscDeadServerIsSwept(t *testing.T) {
+	if dir := os.Getenv("MCP_EXEC_TEST_DEAD_SERVER"); dir != "" {
+		deadServer(t, dir)
+		return
+	}
+	testRootfs(t)
+	if err := runtime.RunscUsable(runtime.Config{}); err != nil {
+		need(t, "%v", err)
+	}
+	stateDir := filepath.Join(t.TempDir(), "state")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRunscDeadServerIsSwept$", "-test.v")
+	cmd.Env = append(os.Environ(), "MCP_EXEC_TEST_DEAD_SERVER="+stateDir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var inst string
+	buf := make([]byte, 4096)
+	var seen []byte
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) && inst == "" {
+		n, err := out.Read(buf)
+		seen = append(seen, buf[:n]...)
+		if i := bytes.Index(seen, []byte("RUNNING ")); i >= 0 {
+			if j := bytes.IndexByte(seen[i:], '\n'); j > 0 {
+				inst = string(seen[i+len("RUNNING ") : i+j])
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if inst == "" {
+		t.Fatalf("the server never reported a running call: %s", seen)
+	}
+	root := "--root=" + filepath.Join(stateDir, inst, "runsc") + "\x00"
+	if n := countProcs(root); n < 3 {
+		t.Fatalf("%d runsc processes for the running call, want run, sandbox and gofer", n)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	// The parent-death chain: server → runsc run → sandbox and gofer.
+	for i := 0; i < 100 && countProcs(root) > 0; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := countProcs(root); n > 0 {
+		t.Errorf("%d runsc processes outlived their server by 5 s", n)
+	}
+	rt, err := runtime.New(runtime.Runsc, runtime.Config{StateDir: stateDir})
+	if err != nil {
+		t.Fatalf("runtime.New on the dead server's state dir: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, inst)); !os.IsNotExist(err) {
+		t.Errorf("the dead instance's dir is still there (err %v)", err)
+	}
+	assertNoCgroups(t, inst, false)
+	if err := rt.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}
+
+// deadServer is the child of TestRunscDeadServerIsSwept: it starts a call
+// that never ends, says so, and waits to be killed.
+func deadServer(t *testing.T, stateDir string) {
+	rt, err := runtime.New(runtime.Runsc, runtime.Config{StateDir: stateDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	py, err := rootfs.FindPython(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := rootfs.Ensure(context.Background(), py, rootfs.DefaultCacheDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := bundle.Config{Rootfs: dir, Python: rootfs.PythonPath, Limits: policy.DefaultLimits()}
+	b, err := bundle.New(rt.BundleDir(), cfg, bundle.Input{ID: uuid.NewString(), Code: []byte("print('up', flush=True)\nimport time; time.sleep(1000)")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := rt.Prepare(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		// Give the sandbox time to boot before announcing it.
+		time.Sleep(1500 * time.Millisecond)
+		fmt.Printf("RUNNING %s\n", runtime.InstanceID(rt))
+	}()
+	sb.Run(context.Background(), runtime.Request{Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
+	t.Fatal("the call ended before the server was killed")
+}
+
+func countProcs(arg string) int {
+	n := 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmd, []byte(arg)) {
+			continue
+		}
+		if st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); bytes.Contains(st, []byte(") Z ")) {
+			continue
+		}
+		n++
+	}
+	return n
+}
+
+// TestRunscInfo checks what doctor shows of runsc on this host.
+func TestRunscInfo(t *testing.T) {
+	info := runtime.ProbeRunsc(context.Background(), "", "")
+	if info.Path == "" {
+		need(t, "runsc is not installed: %v", info.Missing)
+	}
+	if info.Platform == "kvm" {
+		t.Errorf("probed platform kvm: kvm must never be picked unless asked for")
+	}
+	if !info.OCISeccomp {
+		t.Errorf("OCISeccomp false for %s %s", info.Path, info.Version)
+	}
+	data, _ := json.Marshal(info)
+	if !bytes.Contains(data, []byte(`"limits"`)) {
+		t.Errorf("RunscInfo JSON %s has no limits field", data)
+	}
+	bad := runtime.ProbeRunsc(context.Background(), "", "no-such-platform")
+	if bad.Available() || !strings.Contains(strings.Join(bad.Missing, " "), "no-such-platform") {
+		t.Errorf("ProbeRunsc with platform no-such-platform: missing %v, want it named", bad.Missing)
+	}
+	none := runtime.ProbeRunsc(context.Background(), "/nonexistent/runsc", "")
+	if none.Available() || !strings.Contains(strings.Join(none.Missing, " "), "MCP_EXEC_RUNSC=/nonexistent/runsc") {
+		t.Errorf("ProbeRunsc with a missing binary: missing %v, want MCP_EXEC_RUNSC named", none.Missing)
+	}
+}
+
+// Calls run in parallel, each in its own sandbox with its own streams.
+func TestRunscConcurrentCalls(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	const n = 4
+	type out struct {
+		i   int
+		res runtime.Result
+		err error
+	}
+	ch := make(chan out, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			b, err := bundle.New(h.rt.BundleDir(), h.cfg, bundle.Input{ID: uuid.NewString(),
+				Code: []byte(fmt.Sprintf("import sys; print(%d); print(sys.stdin.read(), file=sys.stderr)", i))})
+			if err != nil {
+				ch <- out{i: i, err: err}
+				return
+			}
+			res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{Stdin: []byte(fmt.Sprint("in", i)),
+				Timeout: 60 * time.Second, MaxOutputBytes: 1 << 20})
+			ch <- out{i, res, err}
+		}()
+	}
+	for k := 0; k < n; k++ {
+		o := <-ch
+		if o.err != nil {
+			t.Errorf("call %d: %v", o.i, o.err)
+			continue
+		}
+		if got, want := string(o.res.Stdout)+string(o.res.Stderr), fmt.Sprintf("%d\nin%d\n", o.i, o.i); got != want || o.res.ExitCode != 0 {
+			t.Errorf("call %d: output %q exit %d, want %q 0", o.i, got, o.res.ExitCode, want)
+		}
+	}
+	assertNoRunsc(t, h)
+}
