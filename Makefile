@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/mcp-exec
 
-.PHONY: build test unit integration run bench vet clean
+.PHONY: build test unit integration e2e run bench vet clean
 
 build: $(BIN)
 
@@ -22,6 +22,12 @@ vet:
 # end-to-end suites. Under CI=true a missing prerequisite fails.
 test: build vet
 	$(GO) test -tags $(TAGS) -count=1 -timeout 20m ./...
+	test/e2e/run.sh
+
+# e2e: the built binary with the official MCP TypeScript SDK client and the
+# MCP conformance suite (test/e2e/run.sh; needs node and npm).
+e2e: build
+	test/e2e/run.sh
 
 unit:
 	$(GO) test -tags $(TAGS) -count=1 -short ./...

@@ -12,6 +12,12 @@ import (
 )
 
 func main() {
+	// A client that dies takes the read end of our stderr (and, on stdio,
+	// stdout) with it. Unhandled, the next log line would kill us with
+	// SIGPIPE before the in-flight containers are torn down; handled, the
+	// write fails with EPIPE and teardown goes on. Notify rather than
+	// Ignore: an ignored SIGPIPE would be inherited by the sandbox.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
