@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	goruntime "runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -53,9 +50,7 @@ type LibcontainerRuntime struct {
 	cfg  Config
 	inst *instance
 
-	mu     sync.Mutex
-	live   map[*lcSandbox]struct{}
-	closed bool
+	live liveSet
 }
 
 // NewLibcontainer checks that this host can give the full sandbox with
@@ -70,7 +65,7 @@ func NewLibcontainer(cfg Config) (*LibcontainerRuntime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &LibcontainerRuntime{cfg: cfg, inst: inst, live: map[*lcSandbox]struct{}{}}, nil
+	return &LibcontainerRuntime{cfg: cfg, inst: inst}, nil
 }
 
 func (r *LibcontainerRuntime) Kind() Kind        { return Libcontainer }
@@ -78,17 +73,7 @@ func (r *LibcontainerRuntime) BundleDir() string { return r.inst.bundleDir() }
 
 // Close kills every container still running and removes the instance.
 func (r *LibcontainerRuntime) Close() error {
-	r.mu.Lock()
-	r.closed = true
-	live := make([]*lcSandbox, 0, len(r.live))
-	for sb := range r.live {
-		live = append(live, sb)
-	}
-	r.mu.Unlock()
-	var errs []error
-	for _, sb := range live {
-		errs = append(errs, sb.Close())
-	}
+	errs := []error{r.live.closeAll()}
 	errs = append(errs, r.inst.close())
 	return errors.Join(errs...)
 }
@@ -103,14 +88,10 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 			sb.Close()
 		}
 	}()
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	if err := r.live.add(sb); err != nil {
 		b.Remove()
-		return nil, fmt.Errorf("%w: runtime is closed", ErrSandbox)
+		return nil, err
 	}
-	r.live[sb] = struct{}{}
-	r.mu.Unlock()
 
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -327,21 +308,8 @@ func (sb *lcSandbox) kill() {
 // readCgroupStats fills the verdict's OOM flag and usage from the
 // container's cgroups, before they are removed.
 func (sb *lcSandbox) readCgroupStats(res *Result) {
-	st, err := sb.c.State()
-	if err != nil {
-		return
-	}
-	if p, ok := st.CgroupPaths["memory"]; ok { // cgroup v1
-		res.OOMKilled = readKeyed(filepath.Join(p, "memory.oom_control"), "oom_kill") > 0
-		res.PeakMemoryBytes = readInt(filepath.Join(p, "memory.max_usage_in_bytes"))
-	} else if p, ok := st.CgroupPaths[""]; ok { // cgroup v2
-		res.OOMKilled = readKeyed(filepath.Join(p, "memory.events"), "oom_kill") > 0
-		res.PeakMemoryBytes = readInt(filepath.Join(p, "memory.peak"))
-	}
-	if p, ok := st.CgroupPaths["cpuacct"]; ok {
-		res.CPUTime = time.Duration(readInt(filepath.Join(p, "cpuacct.usage")))
-	} else if p, ok := st.CgroupPaths[""]; ok {
-		res.CPUTime = time.Duration(readKeyed(filepath.Join(p, "cpu.stat"), "usage_usec")) * time.Microsecond
+	if st, err := sb.c.State(); err == nil {
+		cgroupVerdict(st.CgroupPaths, res)
 	}
 }
 
@@ -386,9 +354,7 @@ func (sb *lcSandbox) teardown() error {
 	if err := sb.b.Remove(); err != nil {
 		errs = append(errs, err)
 	}
-	sb.rt.mu.Lock()
-	delete(sb.rt.live, sb)
-	sb.rt.mu.Unlock()
+	sb.rt.live.remove(sb)
 	return errors.Join(errs...)
 }
 
@@ -453,28 +419,4 @@ var rlimits = map[string]int{
 	"RLIMIT_NOFILE": unix.RLIMIT_NOFILE, "RLIMIT_NPROC": unix.RLIMIT_NPROC, "RLIMIT_RSS": unix.RLIMIT_RSS,
 	"RLIMIT_RTPRIO": unix.RLIMIT_RTPRIO, "RLIMIT_RTTIME": unix.RLIMIT_RTTIME, "RLIMIT_SIGPENDING": unix.RLIMIT_SIGPENDING,
 	"RLIMIT_STACK": unix.RLIMIT_STACK,
-}
-
-func readInt(path string) int64 {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	return n
-}
-
-// readKeyed reads "key value" lines such as memory.oom_control's.
-func readKeyed(path, key string) int64 {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if k, v, ok := strings.Cut(line, " "); ok && k == key {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
 }

@@ -65,9 +65,7 @@ type RunscRuntime struct {
 	// unimplemented are syscalls this runsc answers with ENOSYS itself.
 	unimplemented map[string]bool
 
-	mu     sync.Mutex
-	live   map[*runscSandbox]struct{}
-	closed bool
+	live liveSet
 }
 
 // NewRunsc checks that runsc can give the full sandbox on this host (the
@@ -111,8 +109,7 @@ func NewRunsc(cfg Config) (*RunscRuntime, error) {
 		return nil, fmt.Errorf("creating runsc root dir: %w", err)
 	}
 	cfg.Logger.Debug("runsc runtime ready", "runsc", info.Path, "version", info.Version, "platform", info.Platform)
-	return &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root, unimplemented: unimpl,
-		live: map[*runscSandbox]struct{}{}}, nil
+	return &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root, unimplemented: unimpl}, nil
 }
 
 func (r *RunscRuntime) Kind() Kind          { return Runsc }
@@ -125,17 +122,7 @@ func (r *RunscRuntime) Info() RunscInfo { return r.info }
 
 // Close kills every sandbox still running and removes the instance.
 func (r *RunscRuntime) Close() error {
-	r.mu.Lock()
-	r.closed = true
-	live := make([]*runscSandbox, 0, len(r.live))
-	for sb := range r.live {
-		live = append(live, sb)
-	}
-	r.mu.Unlock()
-	var errs []error
-	for _, sb := range live {
-		errs = append(errs, sb.Close())
-	}
+	errs := []error{r.live.closeAll()}
 	killRunscProcesses(r.root)
 	errs = append(errs, r.inst.close())
 	return errors.Join(errs...)
@@ -167,14 +154,10 @@ func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox
 			sb.Close()
 		}
 	}()
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	if err := r.live.add(sb); err != nil {
 		b.Remove()
-		return nil, fmt.Errorf("%w: runtime is closed", ErrSandbox)
+		return nil, err
 	}
-	r.live[sb] = struct{}{}
-	r.mu.Unlock()
 
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -529,9 +512,7 @@ func (sb *runscSandbox) teardown() error {
 	if err := sb.b.Remove(); err != nil {
 		errs = append(errs, err)
 	}
-	sb.rt.mu.Lock()
-	delete(sb.rt.live, sb)
-	sb.rt.mu.Unlock()
+	sb.rt.live.remove(sb)
 	return errors.Join(errs...)
 }
 

@@ -6,8 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
-	"time"
 
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/manager"
@@ -89,28 +87,7 @@ func (c *callCgroup) kill() {
 // in gVisor usually ends the whole sandbox (the kernel picks the sentry),
 // and the code's status is then 137; the cgroup's counter is what tells it
 // from a program that killed itself.
-func (c *callCgroup) stats(res *Result) {
-	if p, ok := c.paths["memory"]; ok { // cgroup v1
-		oom := readKeyed(filepath.Join(p, "memory.oom_control"), "oom_kill")
-		if _, err := os.Stat(filepath.Join(p, "memory.oom_control")); err == nil && !hasKey(filepath.Join(p, "memory.oom_control"), "oom_kill") {
-			// Kernels before 4.13 have no oom_kill counter: hitting the
-			// limit and dying of SIGKILL is the best evidence there is.
-			if res.ExitCode == 128+9 && (readInt(filepath.Join(p, "memory.failcnt")) > 0 || readInt(filepath.Join(p, "memory.memsw.failcnt")) > 0) {
-				oom = 1
-			}
-		}
-		res.OOMKilled = oom > 0
-		res.PeakMemoryBytes = readInt(filepath.Join(p, "memory.max_usage_in_bytes"))
-	} else if p, ok := c.paths[""]; ok { // cgroup v2
-		res.OOMKilled = readKeyed(filepath.Join(p, "memory.events"), "oom_kill") > 0
-		res.PeakMemoryBytes = readInt(filepath.Join(p, "memory.peak"))
-	}
-	if p, ok := c.paths["cpuacct"]; ok {
-		res.CPUTime = time.Duration(readInt(filepath.Join(p, "cpuacct.usage")))
-	} else if p, ok := c.paths[""]; ok {
-		res.CPUTime = time.Duration(readKeyed(filepath.Join(p, "cpu.stat"), "usage_usec")) * time.Microsecond
-	}
-}
+func (c *callCgroup) stats(res *Result) { cgroupVerdict(c.paths, res) }
 
 // remove kills what is left in the call's cgroups and removes them,
 // deepest first.
@@ -132,17 +109,4 @@ func (c *callCgroup) remove() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func hasKey(path, key string) bool {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if k, _, ok := strings.Cut(line, " "); ok && k == key {
-			return true
-		}
-	}
-	return false
 }

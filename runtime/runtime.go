@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/inhuman/mcp-exec/bundle"
@@ -157,4 +158,48 @@ func New(kind Kind, cfg Config) (Runtime, error) {
 		return NewRunsc(cfg)
 	}
 	return nil, fmt.Errorf("unknown runtime %q", kind)
+}
+
+// liveSet tracks a runtime's prepared sandboxes, so that closing the
+// runtime tears down whatever is still running, and refuses new ones after.
+type liveSet struct {
+	mu     sync.Mutex
+	live   map[Sandbox]struct{}
+	closed bool
+}
+
+// add registers sb; it fails once the runtime is closed.
+func (l *liveSet) add(sb Sandbox) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return fmt.Errorf("%w: runtime is closed", ErrSandbox)
+	}
+	if l.live == nil {
+		l.live = map[Sandbox]struct{}{}
+	}
+	l.live[sb] = struct{}{}
+	return nil
+}
+
+func (l *liveSet) remove(sb Sandbox) {
+	l.mu.Lock()
+	delete(l.live, sb)
+	l.mu.Unlock()
+}
+
+// closeAll marks the set closed and closes every sandbox still in it.
+func (l *liveSet) closeAll() error {
+	l.mu.Lock()
+	l.closed = true
+	live := make([]Sandbox, 0, len(l.live))
+	for sb := range l.live {
+		live = append(live, sb)
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, sb := range live {
+		errs = append(errs, sb.Close())
+	}
+	return errors.Join(errs...)
 }
