@@ -4,7 +4,10 @@
 //
 // Invariants a maintainer must keep:
 //   - everything the sandbox enforces is in the spec; a runtime adds nothing
-//     but where its state lives (the cgroup path);
+//     but where its state lives (the cgroup path), and translates only what
+//     it must to give the same effect (runsc turns an ENOSYS rule for a
+//     syscall gVisor does not implement into an allow, since this runsc
+//     ignores errnoRet and gVisor answers ENOSYS itself);
 //   - the spec is built by small named steps in a fixed order, each testable
 //     alone, and every value comes from policy or from the Config;
 //   - the rootfs is shared by every call and mounted read-only: nothing in
