@@ -37,7 +37,7 @@ run: build
 	$(BIN) run -c 'import sys, platform; print("hello from", platform.python_version(), "in a sandbox")'
 
 bench: build
-	$(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 30x -count 1 ./cmd/mcp-exec/
+	$(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 30x -count 1 ./runtime/ ./cmd/mcp-exec/
 
 clean:
 	rm -rf bin

@@ -64,7 +64,14 @@ var etcFiles = []struct{ name, content string }{
 // temp dir next to out (same filesystem, so the final rename is atomic), calls
 // validate(ctx, tmpDir) if validate is not nil, then renames the temp dir to
 // out. On any error the temp dir is removed. Nothing is downloaded.
-func Build(ctx context.Context, py Interpreter, out string, validate func(ctx context.Context, dir string) error) (retErr error) {
+func Build(ctx context.Context, py Interpreter, out string, validate func(ctx context.Context, dir string) error) error {
+	return build(ctx, py, out, "", validate)
+}
+
+// build is Build that, if manifestPath is not empty, also writes there the
+// manifest of what the rootfs was built from, before the rootfs appears: a
+// rootfs in the cache always has one.
+func build(ctx context.Context, py Interpreter, out, manifestPath string, validate func(ctx context.Context, dir string) error) (retErr error) {
 	if err := py.checkPaths(); err != nil {
 		return fmt.Errorf("building rootfs: %w", err)
 	}
@@ -92,7 +99,8 @@ func Build(ctx context.Context, py Interpreter, out string, validate func(ctx co
 		return fmt.Errorf("building rootfs: %w", err)
 	}
 
-	if err := populate(ctx, py, tmp); err != nil {
+	m, err := populate(ctx, py, tmp)
+	if err != nil {
 		return fmt.Errorf("building rootfs: %w", err)
 	}
 	if err := Check(tmp); err != nil {
@@ -102,6 +110,16 @@ func Build(ctx context.Context, py Interpreter, out string, validate func(ctx co
 		if err := validate(ctx, tmp); err != nil {
 			return fmt.Errorf("building rootfs: validating: %w", err)
 		}
+	}
+	if manifestPath != "" {
+		if err := writeManifest(manifestPath, m); err != nil {
+			return fmt.Errorf("building rootfs: %w", err)
+		}
+		defer func() {
+			if retErr != nil {
+				os.Remove(manifestPath)
+			}
+		}()
 	}
 	if err := renameNoReplace(tmp, out); err != nil {
 		return fmt.Errorf("building rootfs: %w", err)
@@ -148,6 +166,9 @@ type builder struct {
 	// and symlinks.
 	made  map[string]bool
 	files []copyJob
+	// src records the host paths the rootfs is made from; nil records
+	// nothing.
+	src *sources
 }
 
 type copyJob struct {
@@ -155,9 +176,16 @@ type copyJob struct {
 	info fs.FileInfo
 }
 
-func populate(ctx context.Context, py Interpreter, root string) error {
-	b := &builder{ctx: ctx, root: root, made: map[string]bool{"/": true}}
+// populate fills root and returns the manifest of what it copied and looked at.
+func populate(ctx context.Context, py Interpreter, root string) (*manifest, error) {
+	b := &builder{ctx: ctx, root: root, made: map[string]bool{"/": true}, src: newSources()}
+	if err := b.populate(py); err != nil {
+		return nil, err
+	}
+	return b.src.manifest(), nil
+}
 
+func (b *builder) populate(py Interpreter) error {
 	exe, err := b.place(py.Path)
 	if err != nil {
 		return err
@@ -166,6 +194,7 @@ func populate(ctx context.Context, py Interpreter, root string) error {
 	// Stdlib, platstdlib and lib-dynload, each once even when nested.
 	var trees []string
 	for _, d := range []string{py.Stdlib, py.PlatStdlib, py.DynLoad} {
+		b.src.stat(d)
 		real, err := filepath.EvalSymlinks(d)
 		if err != nil {
 			return fmt.Errorf("copying %s: %w", d, err)
@@ -191,7 +220,7 @@ func populate(ctx context.Context, py Interpreter, root string) error {
 		modules = append(modules, elfs...)
 	}
 
-	r, err := newResolver()
+	r, err := newResolver(b.src)
 	if err != nil {
 		return err
 	}
@@ -226,6 +255,8 @@ func populate(ctx context.Context, py Interpreter, root string) error {
 		}
 	}
 
+	// Without it, a later one must still be noticed.
+	b.src.stat(localeDir)
 	if fi, err := os.Stat(localeDir); err == nil && fi.IsDir() {
 		real, err := b.place(localeDir)
 		if err != nil {
@@ -277,6 +308,12 @@ func (b *builder) place(p string) (string, error) {
 		fi, err := os.Lstat(next)
 		if err != nil {
 			return "", fmt.Errorf("copying %s: %w", p, err)
+		}
+		if !fi.IsDir() {
+			// Dirs met on the way (/usr/lib/x86_64-linux-gnu) change
+			// with every package installed; what is taken from them
+			// is recorded, not them.
+			b.src.record(next, fi, nil)
 		}
 		switch {
 		case fi.Mode()&fs.ModeSymlink != 0:
@@ -389,11 +426,15 @@ func (b *builder) copyTree(dir string) (links, elfs []string, err error) {
 		rel, _ := filepath.Rel(dir, p)
 		switch t := d.Type(); {
 		case t&fs.ModeSymlink != 0:
+			b.src.stat(p)
 			links = append(links, p)
 		case d.IsDir():
 			if excludedAnywhere[d.Name()] || excludedTop[rel] || excludedRel[rel] {
 				return filepath.SkipDir
 			}
+			// Its mtime tells of a file added or removed since.
+			fi, err := d.Info()
+			b.src.record(p, fi, err)
 			return b.mkdir(p)
 		case t.IsRegular():
 			// Static archives (libpython3.X.a in config-3.X-*) are half
@@ -405,6 +446,7 @@ func (b *builder) copyTree(dir string) (links, elfs []string, err error) {
 			if err != nil {
 				return fmt.Errorf("copying %s: %w", p, err)
 			}
+			b.src.record(p, fi, nil)
 			if err := b.addFile(p, fi); err != nil {
 				return err
 			}

@@ -23,6 +23,10 @@ type resolver struct {
 	confDirs []string
 	// isELF caches candidate checks: one libc is offered to every object.
 	isELF map[string]elfKind
+	// src records every path looked at, found or not: a library that
+	// appears earlier in the search order changes the answer. nil records
+	// nothing.
+	src *sources
 }
 
 // elfKind is what must agree between an object and a library it loads.
@@ -51,20 +55,24 @@ type dependency struct {
 	viaConf bool
 }
 
-func newResolver() (*resolver, error) {
-	dirs, err := readLdSoConf(ldSoConf, 0)
+// newResolver reads the host's ld.so.conf; src (may be nil) records the
+// files it reads and every path the resolver then looks at.
+func newResolver(src *sources) (*resolver, error) {
+	dirs, err := readLdSoConf(ldSoConf, 0, src)
 	if err != nil {
 		return nil, err
 	}
-	return &resolver{confDirs: dirs, isELF: map[string]elfKind{}}, nil
+	return &resolver{confDirs: dirs, isELF: map[string]elfKind{}, src: src}, nil
 }
 
 // readLdSoConf returns the library dirs listed in an ld.so.conf file, following
-// its include lines (globs relative to the file's dir, like ldconfig).
-func readLdSoConf(path string, depth int) ([]string, error) {
+// its include lines (globs relative to the file's dir, like ldconfig). src
+// (may be nil) records the files read and the dirs globbed.
+func readLdSoConf(path string, depth int, src *sources) ([]string, error) {
 	if depth > 16 {
 		return nil, fmt.Errorf("reading %s: includes nested too deep", path)
 	}
+	src.stat(path)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		// musl and some minimal images have none; the defaults then apply.
@@ -88,12 +96,14 @@ func readLdSoConf(path string, depth int) ([]string, error) {
 				if !filepath.IsAbs(pattern) {
 					pattern = filepath.Join(filepath.Dir(path), pattern)
 				}
+				// Its mtime moves when a file is added there.
+				src.stat(filepath.Dir(pattern))
 				matches, err := filepath.Glob(pattern)
 				if err != nil {
 					return nil, fmt.Errorf("reading %s: include %s: %w", path, pattern, err)
 				}
 				for _, m := range matches {
-					sub, err := readLdSoConf(m, depth+1)
+					sub, err := readLdSoConf(m, depth+1, src)
 					if err != nil {
 						return nil, err
 					}
@@ -322,6 +332,7 @@ func (r *resolver) matches(path string, k elfKind) bool {
 	if got, ok := r.isELF[path]; ok {
 		return got == k
 	}
+	r.src.stat(path)
 	var got elfKind // zero: not an ELF file
 	if f, err := elf.Open(path); err == nil {
 		got = elfKind{f.Class, f.Machine}

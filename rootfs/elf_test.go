@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func depNames(deps []dependency) []string {
@@ -21,7 +22,7 @@ func depNames(deps []dependency) []string {
 
 func hostResolver(t *testing.T) *resolver {
 	t.Helper()
-	r, err := newResolver()
+	r, err := newResolver(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +216,9 @@ func TestExpandOrigin(t *testing.T) {
 	}
 }
 
-func TestReadLdSoConf(t *testing.T) {
+// ldSoConfTree writes an ld.so.conf with includes into a temp dir.
+func ldSoConfTree(t *testing.T) string {
+	t.Helper()
 	dir := t.TempDir()
 	files := map[string]string{
 		"ld.so.conf":     "# comment\ninclude conf.d/*.conf\n/opt/first # trailing\n",
@@ -233,12 +236,17 @@ func TestReadLdSoConf(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := readLdSoConf(filepath.Join(dir, "ld.so.conf"), 0)
+	return dir
+}
+
+func TestReadLdSoConf(t *testing.T) {
+	dir := ldSoConfTree(t)
+	got, err := readLdSoConf(filepath.Join(dir, "ld.so.conf"), 0, nil)
 	want := []string{"/a/one", "/a/two", "/a/three", "/b", "/more", "/opt/first"}
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("readLdSoConf = %q, %v; want %q", got, err, want)
 	}
-	if got, err := readLdSoConf(filepath.Join(dir, "absent"), 0); err != nil || got != nil {
+	if got, err := readLdSoConf(filepath.Join(dir, "absent"), 0, nil); err != nil || got != nil {
 		t.Errorf("readLdSoConf(absent) = %q, %v; want nothing, no error", got, err)
 	}
 }
@@ -308,4 +316,72 @@ func TestAliasForConfDirs(t *testing.T) {
 	if got, err := resolveIn(root, link); err != nil || got != filepath.Join(root, dep.path) {
 		t.Errorf("%s in the rootfs resolves to %q (err %v), want %s", link, got, err, filepath.Join(root, dep.path))
 	}
+}
+
+// What the resolver answers depends on the ld.so.conf files and on every path
+// it looked at, found or not; the manifest must notice when any of them
+// changes.
+func TestResolverRecordsWhatItRead(t *testing.T) {
+	t.Run("ld.so.conf", func(t *testing.T) {
+		tests := []struct {
+			name, want string
+			change     func(dir string) error
+		}{
+			{"included file edited", "more.conf: size", func(dir string) error {
+				return os.WriteFile(filepath.Join(dir, "more.conf"), []byte("/more\n/evenmore\n"), 0o644)
+			}},
+			{"file added to an include dir", "conf.d: mtime", func(dir string) error {
+				return os.WriteFile(filepath.Join(dir, "conf.d/d.conf"), []byte("/d\n"), 0o644)
+			}},
+		}
+		for _, tt := range tests {
+			dir := ldSoConfTree(t)
+			// An old mtime, so that any change moves it, however
+			// coarse the filesystem's clock.
+			old := time.Now().Add(-time.Hour)
+			if err := os.Chtimes(filepath.Join(dir, "conf.d"), old, old); err != nil {
+				t.Fatal(err)
+			}
+			src := newSources()
+			if _, err := readLdSoConf(filepath.Join(dir, "ld.so.conf"), 0, src); err != nil {
+				t.Fatal(err)
+			}
+			m := src.manifest()
+			if why := m.changed(); why != "" {
+				t.Fatalf("%s: manifest of ld.so.conf, nothing changed: changed() = %q, want \"\"", tt.name, why)
+			}
+			if err := tt.change(dir); err != nil {
+				t.Fatal(err)
+			}
+			if why := m.changed(); !strings.Contains(why, tt.want) {
+				t.Errorf("%s: changed() = %q, want it to say %q", tt.name, why, tt.want)
+			}
+		}
+	})
+
+	t.Run("library earlier in the search order", func(t *testing.T) {
+		dir := buildTree(t, "--disable-new-dtags")
+		src := newSources()
+		r := &resolver{isELF: map[string]elfKind{}, src: src}
+		if _, err := r.closure(filepath.Join(dir, "bin/prog"), nil); err != nil {
+			t.Fatal(err)
+		}
+		m := src.manifest()
+		if why := m.changed(); why != "" {
+			t.Fatalf("manifest of a closure, nothing changed: changed() = %q, want \"\"", why)
+		}
+		// prog's DT_RPATH lists lib before other: a libbar there is the
+		// one the loader would now take.
+		data, err := os.ReadFile(filepath.Join(dir, "other/libbar.so"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "lib/libbar.so"), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		want := filepath.Join(dir, "lib/libbar.so") + ": appeared"
+		if why := m.changed(); why != want {
+			t.Errorf("after adding lib/libbar.so: changed() = %q, want %q", why, want)
+		}
+	})
 }

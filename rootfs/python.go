@@ -28,9 +28,11 @@ type Interpreter struct {
 }
 
 // keyVersion is mixed into every cache key. Bump it whenever Build puts
-// something different into a rootfs, so that caches built by an older
-// mcp-exec are not reused.
-const keyVersion = "rootfs-v1"
+// something different into a rootfs, or the cache's layout changes, so that
+// caches built by an older mcp-exec are not reused. v2: generations with
+// manifests behind a link (see ensure.go); a v1 entry is a plain dir at the
+// key, which a v1 server may still be running on, so it is left alone.
+const keyVersion = "rootfs-v2"
 
 // Key is the cache key: a short hex of sha256(path, version, content hash),
 // stable for the same interpreter.

@@ -20,7 +20,12 @@
 //   - A rootfs appears complete or not at all: it is built in a temp dir next
 //     to its final path and renamed; a failed build leaves nothing behind.
 //   - A cached rootfs is keyed by its interpreter (Interpreter.Key) and never
-//     modified; Ensure builds it at most once, even across processes.
+//     modified; Ensure builds it at most once, even across processes, until a
+//     host file it was built from changes (its manifest says which). Then
+//     Ensure builds a new generation next to it and swaps the key's link; the
+//     old one stays until no process that was handed it is alive.
+//   - Nothing about the host beyond what Python needs goes into the rootfs:
+//     the manifest lives next to it in the cache, never inside.
 package rootfs
 
 import (

@@ -53,7 +53,7 @@ var host struct {
 }
 
 // hostPython is the interpreter FindPython picks on this host.
-func hostPython(t *testing.T) Interpreter {
+func hostPython(t testing.TB) Interpreter {
 	t.Helper()
 	host.once.Do(func() {
 		host.py, host.err = FindPython(context.Background(), "")

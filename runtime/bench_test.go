@@ -4,6 +4,7 @@ import (
 	"context"
 	"os/exec"
 	"sort"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +33,7 @@ func BenchmarkPrint1(b *testing.B) {
 			defer rt.Close()
 			cfg := bundle.Config{Rootfs: dir, Python: "/usr/bin/python3", Limits: policy.DefaultLimits()}
 			var prep, run, closeT, total, base []time.Duration
+			var peak, baseRSS []int64
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
 				bd, err := bundle.New(rt.BundleDir(), cfg, bundle.Input{ID: uuid.NewString(), Code: []byte("print(1)")})
@@ -53,12 +55,15 @@ func BenchmarkPrint1(b *testing.B) {
 				}
 				t3 := time.Now()
 				prep, run, closeT, total = append(prep, t1.Sub(t0)), append(run, t2.Sub(t1)), append(closeT, t3.Sub(t2)), append(total, t3.Sub(t0))
+				peak = append(peak, res.PeakMemoryBytes)
 
 				t4 := time.Now()
-				if out, err := exec.Command("/usr/bin/python3", "-c", "print(1)").Output(); err != nil || string(out) != "1\n" {
+				py := exec.Command("/usr/bin/python3", "-c", "print(1)")
+				if out, err := py.Output(); err != nil || string(out) != "1\n" {
 					b.Fatalf("baseline: %v %q", err, out)
 				}
 				base = append(base, time.Since(t4))
+				baseRSS = append(baseRSS, py.ProcessState.SysUsage().(*syscall.Rusage).Maxrss<<10)
 			}
 			b.ReportMetric(ms(median(prep)), "prepare-ms")
 			b.ReportMetric(ms(median(run)), "run-ms")
@@ -66,12 +71,23 @@ func BenchmarkPrint1(b *testing.B) {
 			b.ReportMetric(ms(median(total)), "total-ms")
 			b.ReportMetric(ms(median(base)), "python3-ms")
 			b.ReportMetric(float64(median(total))/float64(median(base)), "x-python3")
+			// Memory: the container's peak (its cgroup's, all processes and
+			// the tmpfs) against the bare interpreter's max RSS.
+			b.ReportMetric(float64(medianInt(peak))/(1<<20), "peak-MiB")
+			b.ReportMetric(float64(medianInt(baseRSS))/(1<<20), "python3-rss-MiB")
+			b.ReportMetric(float64(medianInt(peak))/float64(medianInt(baseRSS)), "x-python3-mem")
 		})
 	}
 }
 
 func median(d []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func medianInt(v []int64) int64 {
+	s := append([]int64(nil), v...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
 }

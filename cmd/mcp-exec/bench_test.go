@@ -85,3 +85,34 @@ func median(ds []time.Duration) time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// BenchmarkRunCLI measures `mcp-exec run -c 'print(1)'` from the shell,
+// start-up included, against the host interpreter in the same run.
+func BenchmarkRunCLI(b *testing.B) {
+	requireSandbox(b)
+	py, err := rootfs.FindPython(context.Background(), defaultConfig().Python)
+	if err != nil {
+		b.Fatalf("finding the baseline interpreter: %v", err)
+	}
+	env := serverEnv(filepath.Join(b.TempDir(), "state"))
+	var cli, base []time.Duration
+	for i := 0; i < b.N; i++ {
+		cmd := exec.Command(binaryPath(b), "run", "-c", "print(1)")
+		cmd.Env = env
+		t0 := time.Now()
+		if out, err := cmd.Output(); err != nil || string(out) != "1\n" {
+			b.Fatalf("mcp-exec run: %v %q", err, out)
+		}
+		cli = append(cli, time.Since(t0))
+		t1 := time.Now()
+		if out, err := exec.Command(py.Path, "-c", "print(1)").Output(); err != nil || string(out) != "1\n" {
+			b.Fatalf("baseline: %v %q", err, out)
+		}
+		base = append(base, time.Since(t1))
+	}
+	slices.Sort(cli)
+	slices.Sort(base)
+	b.ReportMetric(float64(cli[len(cli)/2])/float64(time.Millisecond), "run-p50-ms")
+	b.ReportMetric(float64(base[len(base)/2])/float64(time.Millisecond), "python3-p50-ms")
+	b.ReportMetric(float64(cli[len(cli)/2])/float64(base[len(base)/2]), "x-python3")
+}
