@@ -9,7 +9,9 @@ package bundle
 // /code/main.py exactly as "python3 /code/main.py" would run it (sys.argv,
 // sys.path[0], __file__, tracebacks without this wrapper's frame), reaps
 // every orphan, and exits with the code's status, 128+N for signal N. When
-// it exits the kernel kills whatever the code left running.
+// it exits the kernel kills whatever the code left running. It also ties
+// the container's life to the server's: if the server is killed, so is it,
+// and with it every process of the container.
 //
 // It is fixed text, not the caller's code, which only ever arrives as a
 // file.
@@ -35,6 +37,11 @@ if pid == 0:
     del f
     exec(compile(src, path, "exec"), main.__dict__)
 else:
+    # Die with the server. The runtime sets a parent-death signal on its
+    # own helper, but it does not survive the stages that create this
+    # process; set after the fork, it costs the code no start-up time.
+    import ctypes
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
     status = 0
     while True:
         try:

@@ -105,7 +105,9 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 		return nil, fmt.Errorf("%w: converting spec: %w", ErrSandbox, err)
 	}
 	// If this server dies, its containers die with it rather than run on
-	// unwatched; the next instance sweeps what is left.
+	// unwatched; the next instance sweeps what is left. This covers runc
+	// init's own stages; the signal does not survive into the container's
+	// final init, which sets its own (see bundle's init script).
 	config.ParentDeathSignal = int(unix.SIGKILL)
 
 	proc, err := processFromSpec(b.Spec.Process)
