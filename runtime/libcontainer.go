@@ -162,8 +162,7 @@ type lcSandbox struct {
 	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW *os.File
 
 	threadDone chan struct{}
-	closeOnce  sync.Once
-	closeErr   error
+	closer     teardownOnce
 }
 
 func (sb *lcSandbox) pipes(p *libcontainer.Process) error {
@@ -318,16 +317,7 @@ func (sb *lcSandbox) readCgroupStats(res *Result) {
 // Close kills and destroys the container and removes its bundle. It runs
 // whatever state Run left, under its own deadline.
 func (sb *lcSandbox) Close() error {
-	sb.closeOnce.Do(func() {
-		done := make(chan error, 1)
-		go func() { done <- sb.teardown() }()
-		select {
-		case sb.closeErr = <-done:
-		case <-time.After(teardownTimeout):
-			sb.closeErr = fmt.Errorf("tearing down container %s: timed out after %v", sb.b.ID, teardownTimeout)
-		}
-	})
-	return sb.closeErr
+	return sb.closer.do("container "+sb.b.ID, sb.teardown)
 }
 
 func (sb *lcSandbox) teardown() error {

@@ -252,8 +252,7 @@ type runscSandbox struct {
 	closing bool
 	done    chan struct{} // closed when the run process has been waited for
 
-	closeOnce sync.Once
-	closeErr  error
+	closer teardownOnce
 }
 
 // waitDelay bounds Wait after Cancel: should the run process outlive our
@@ -452,16 +451,7 @@ func runscFailure(f *os.File) string {
 // Close kills what runs, removes runsc's state of the container, the
 // call's cgroups and the bundle, under its own deadline.
 func (sb *runscSandbox) Close() error {
-	sb.closeOnce.Do(func() {
-		done := make(chan error, 1)
-		go func() { done <- sb.teardown() }()
-		select {
-		case sb.closeErr = <-done:
-		case <-time.After(teardownTimeout):
-			sb.closeErr = fmt.Errorf("tearing down sandbox %s: timed out after %v", sb.b.ID, teardownTimeout)
-		}
-	})
-	return sb.closeErr
+	return sb.closer.do("sandbox "+sb.b.ID, sb.teardown)
 }
 
 func (sb *runscSandbox) teardown() error {

@@ -203,3 +203,23 @@ func (l *liveSet) closeAll() error {
 	}
 	return errors.Join(errs...)
 }
+
+// teardownOnce runs a sandbox's teardown once, under its own deadline, and
+// remembers the outcome for later calls.
+type teardownOnce struct {
+	once sync.Once
+	err  error
+}
+
+func (t *teardownOnce) do(what string, teardown func() error) error {
+	t.once.Do(func() {
+		done := make(chan error, 1)
+		go func() { done <- teardown() }()
+		select {
+		case t.err = <-done:
+		case <-time.After(teardownTimeout):
+			t.err = fmt.Errorf("tearing down %s: timed out after %v", what, teardownTimeout)
+		}
+	})
+	return t.err
+}
