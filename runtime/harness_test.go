@@ -35,13 +35,9 @@ var shared struct {
 	err    error
 }
 
-// testRootfs is the one helper that decides whether sandbox tests can run
-// here, and returns the rootfs they use.
-func testRootfs(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		need(t, "root is required to create containers (run the tests as root)")
-	}
+// sharedRootfs builds (or finds in the cache) the rootfs every sandbox test
+// uses, once per test binary.
+func sharedRootfs() (string, error) {
 	shared.once.Do(func() {
 		py, err := rootfs.FindPython(context.Background(), "")
 		if err != nil {
@@ -50,10 +46,21 @@ func testRootfs(t *testing.T) string {
 		}
 		shared.rootfs, shared.err = rootfs.Ensure(context.Background(), py, rootfs.DefaultCacheDir(), nil)
 	})
-	if shared.err != nil {
-		need(t, "a Python rootfs could not be built from the host's python3: %v", shared.err)
+	return shared.rootfs, shared.err
+}
+
+// testRootfs is the one helper that decides whether sandbox tests can run
+// here, and returns the rootfs they use.
+func testRootfs(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		need(t, "root is required to create containers (run the tests as root)")
 	}
-	return shared.rootfs
+	dir, err := sharedRootfs()
+	if err != nil {
+		need(t, "a Python rootfs could not be built from the host's python3: %v", err)
+	}
+	return dir
 }
 
 // benchRootfs is testRootfs for benchmarks.
@@ -62,18 +69,11 @@ func benchRootfs(b *testing.B) string {
 	if os.Geteuid() != 0 {
 		b.Skip("root is required to create containers")
 	}
-	shared.once.Do(func() {
-		py, err := rootfs.FindPython(context.Background(), "")
-		if err != nil {
-			shared.err = err
-			return
-		}
-		shared.rootfs, shared.err = rootfs.Ensure(context.Background(), py, rootfs.DefaultCacheDir(), nil)
-	})
-	if shared.err != nil {
-		b.Fatalf("building the rootfs: %v", shared.err)
+	dir, err := sharedRootfs()
+	if err != nil {
+		b.Fatalf("building the rootfs: %v", err)
 	}
-	return shared.rootfs
+	return dir
 }
 
 // runtimeKinds are the runtimes every sandbox property is tested against.
