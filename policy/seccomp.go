@@ -89,7 +89,7 @@ func seccompFor(goarch string) *specs.LinuxSeccomp {
 	out := &specs.LinuxSeccomp{
 		DefaultAction:   specs.ActErrno,
 		DefaultErrnoRet: &eperm,
-		Architectures:   architectures(profile, goarch),
+		Architectures:   architectures(goarch),
 	}
 	for _, call := range profile.Syscalls {
 		if !applies(call, goarch) {
@@ -182,15 +182,16 @@ func nativeArch(goarch string) string {
 	}
 }
 
-func architectures(p *mobyseccomp.Seccomp, goarch string) []specs.Arch {
-	want := map[string]specs.Arch{
+// architectures is the native ABI alone. Compat ABIs (x86's int 0x80 and
+// x32 on amd64, arm on arm64) are a classic way around a filter written
+// for the native syscall table, and the sandbox only ever runs the
+// native interpreter: syscalls through them are refused outright rather
+// than filtered twice. Leaving them out also halves the filter libseccomp
+// has to build for every call.
+func architectures(goarch string) []specs.Arch {
+	return []specs.Arch{map[string]specs.Arch{
 		"amd64": specs.ArchX86_64, "arm64": specs.ArchAARCH64, "386": specs.ArchX86,
 		"s390x": specs.ArchS390X, "riscv64": specs.ArchRISCV64, "loong64": specs.ArchLOONGARCH64,
-	}[goarch]
-	for _, a := range p.ArchMap {
-		if a.Arch == want {
-			return append([]specs.Arch{a.Arch}, a.SubArches...)
-		}
-	}
-	return []specs.Arch{want}
+		"ppc64le": specs.ArchPPC64LE, "mips64le": specs.ArchMIPSEL64,
+	}[goarch]}
 }

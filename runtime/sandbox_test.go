@@ -773,3 +773,4 @@ func TestCancelKillsAtOnce(t *testing.T) {
 		}
 	})
 }
+
