@@ -773,4 +773,3 @@ func TestCancelKillsAtOnce(t *testing.T) {
 		}
 	})
 }
-
