@@ -773,3 +773,34 @@ func TestCancelKillsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+func TestCPUQuota(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.CPUs = 0.5
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			// Two processes spin for 2 s of wall-clock time: without a
+			// quota they would use up to 4 s of CPU on two cores.
+			var got struct{ CPU, Wall float64 }
+			h.probe(`import json, os, time
+start = time.monotonic()
+pids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+t = os.times()
+print(json.dumps({"CPU": t.children_user + t.children_system, "Wall": time.monotonic() - start}))`, &got)
+			if ratio := got.CPU / got.Wall; ratio > 0.5*1.4 {
+				t.Errorf("two spinning processes used %.2f s of CPU in %.2f s (%.2f cores), want at most about the quota of 0.5", got.CPU, got.Wall, ratio)
+			}
+		})
+	}
+}
