@@ -71,9 +71,10 @@ func serveHTTP(ctx context.Context, ln net.Listener, cfg config, s *execServer, 
 		ReadTimeout:    time.Minute,
 		IdleTimeout:    2 * time.Minute,
 		MaxHeaderBytes: 64 << 10,
-		// Every request, and so every call and stream, ends with ctx: a
-		// shutdown does not wait for streams that would never end.
-		BaseContext: func(net.Listener) context.Context { return ctx },
+		// Requests outlive the signal: a shutdown first kills the running
+		// calls (through the exec server's root context), lets each answer
+		// its client with an error, and only then closes connections.
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("serving", "transport", cfg.Transport, "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String()+path)
@@ -85,7 +86,11 @@ func serveHTTP(ctx context.Context, ln net.Listener, cfg config, s *execServer, 
 		return err
 	case <-ctx.Done():
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	// Kill and tear down the running calls; their handlers answer with an
+	// error. Then close: idle connections at once, open streams (which
+	// would never end by themselves) after a short grace for those answers.
+	s.drain()
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(shutdownCtx); err != nil {
 		hs.Close()
