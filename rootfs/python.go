@@ -52,7 +52,8 @@ const defaultPython = "/usr/bin/python3"
 
 // probeScript prints, as one JSON object, everything FindPython needs. It runs
 // under -I so that neither PYTHON* variables nor the user's site directory
-// change the answer: the sandbox sees neither.
+// change the answer: the sandbox sees neither. -S skips site, which the
+// answer does not depend on, and a third of the probe's start-up.
 const probeScript = `
 import json, os, sys, sysconfig
 paths = sysconfig.get_paths()
@@ -94,7 +95,7 @@ func FindPython(ctx context.Context, path string) (Interpreter, error) {
 		return Interpreter{}, err
 	}
 
-	cmd := exec.CommandContext(ctx, cand, "-I", "-c", probeScript)
+	cmd := exec.CommandContext(ctx, cand, "-I", "-S", "-c", probeScript)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
