@@ -11,6 +11,7 @@ import (
 	goruntime "runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -803,4 +804,46 @@ print(json.dumps({"CPU": t.children_user + t.children_system, "Wall": time.monot
 			}
 		})
 	}
+}
+
+// Pages of /tmp are memory: they count against the memory limit, so a
+// tmpfs larger than the limit cannot be used to get around it.
+func TestTmpfsCountsAgainstMemory(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.MemoryBytes = 64 << 20
+	limits.TmpfsBytes = 256 << 20
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			res := h.mustRun(`import sys
+n = 0
+try:
+    with open("/tmp/fill", "wb") as f:
+        while n < 200:
+            f.write(b"x" * (1 << 20)); f.flush(); n += 1
+            print(n, flush=True)
+except OSError as e:
+    print("error", e.errno, flush=True)`)
+			lines := strings.Fields(string(res.Stdout))
+			written := 0
+			for _, l := range lines {
+				if n, err := strconv.Atoi(l); err == nil {
+					written = n
+				}
+			}
+			if written >= 64 {
+				t.Errorf("wrote %d MiB to /tmp under a 64 MiB memory limit (exit %d, oom %v)", written, res.ExitCode, res.OOMKilled)
+			}
+			if !res.OOMKilled && !strings.Contains(string(res.Stdout), "error") {
+				t.Errorf("neither an OOM kill nor a write error: exit %d stdout tail %q", res.ExitCode, lastOf(lines))
+			}
+		})
+	}
+}
+
+func lastOf(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return s[len(s)-1]
 }
