@@ -153,10 +153,11 @@ type lcSandbox struct {
 	rt *LibcontainerRuntime
 	b  *bundle.Bundle
 
-	mu   sync.Mutex
-	c    *libcontainer.Container
-	proc *libcontainer.Process
-	ran  bool
+	mu      sync.Mutex
+	c       *libcontainer.Container
+	proc    *libcontainer.Process
+	ran     bool
+	waiting bool // Run reaps the init
 
 	// Parent ends stay with us; child ends go to the container's init.
 	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW *os.File
@@ -204,15 +205,15 @@ func (sb *lcSandbox) Run(ctx context.Context, req Request) (Result, error) {
 	}
 	sb.ran = true
 	c, proc := sb.c, sb.proc
+	// From here on the parent ends belong to this run, not to teardown.
+	stdoutR, stderrR, stdinW := sb.stdoutR, sb.stderrR, sb.stdinW
+	sb.stdoutR, sb.stderrR, sb.stdinW = nil, nil, nil
 	sb.mu.Unlock()
 
 	stdout, stderr := newCappedBuffer(req.MaxOutputBytes), newCappedBuffer(req.MaxOutputBytes)
 	outDone, errDone := make(chan struct{}), make(chan struct{})
-	go drain(sb.stdoutR, stdout, outDone)
-	go drain(sb.stderrR, stderr, errDone)
-	sb.stdoutR, sb.stderrR = nil, nil // owned by drain now
-	stdinW := sb.stdinW
-	sb.stdinW = nil
+	go drain(stdoutR, stdout, outDone)
+	go drain(stderrR, stderr, errDone)
 	go func() {
 		// A program that never reads its stdin makes this write fail with
 		// EPIPE once the container is gone; that is fine.
@@ -232,6 +233,9 @@ func (sb *lcSandbox) Run(ctx context.Context, req Request) (Result, error) {
 		err error
 	}
 	waitCh := make(chan waited, 1)
+	sb.mu.Lock()
+	sb.waiting = true // teardown must not reap the init too
+	sb.mu.Unlock()
 	go func() {
 		ps, err := proc.Wait()
 		waitCh <- waited{ps, err}
@@ -324,21 +328,22 @@ func (sb *lcSandbox) teardown() error {
 	var errs []error
 	sb.kill()
 	sb.mu.Lock()
-	c, proc := sb.c, sb.proc
+	c, proc, waiting := sb.c, sb.proc, sb.waiting
+	files := []*os.File{sb.stdinR, sb.stdinW, sb.stdoutR, sb.stdoutW, sb.stderrR, sb.stderrW}
+	sb.stdinR, sb.stdinW, sb.stdoutR, sb.stdoutW, sb.stderrR, sb.stderrW = nil, nil, nil, nil, nil, nil
 	sb.mu.Unlock()
 	if c != nil {
-		if proc != nil && !sb.ran {
-			// Never exec'd: reap the init we started.
+		if proc != nil && !waiting {
+			// Never started, or its start failed: reap the init ourselves,
+			// or it stays a zombie of this server.
 			proc.Wait()
-		} else if proc != nil {
-			// Run reaped it already, or is about to; nothing to wait for.
 		}
 		if err := destroy(c); err != nil {
 			errs = append(errs, fmt.Errorf("destroying container %s: %w", sb.b.ID, err))
 		}
 	}
 	close(sb.threadDone)
-	for _, f := range []*os.File{sb.stdinR, sb.stdinW, sb.stdoutR, sb.stdoutW, sb.stderrR, sb.stderrW} {
+	for _, f := range files {
 		if f != nil {
 			f.Close()
 		}
