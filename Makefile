@@ -1,6 +1,9 @@
 # mcp-exec: cgo is required (libcontainer's nsenter) and so is the seccomp
 # build tag: without it a seccomp profile is refused, which is the right
 # failure. Never "fix" that by dropping the tag.
+# Go lives in /usr/local/go on a fresh machine, whether or not PATH says so
+# (the tests run "go build" too).
+export PATH := /usr/local/go/bin:$(PATH)
 GO        ?= go
 TAGS      := seccomp
 export CGO_ENABLED := 1
