@@ -9,8 +9,9 @@ const (
 	mib = 1 << 20
 
 	// MinMemoryBytes is the smallest memory limit with which the interpreter
-	// still starts and reports an OOM cleanly.
-	MinMemoryBytes = 32 * mib
+	// still starts under libcontainer; below it every call would be an OOM.
+	// (gVisor itself takes about 15 MiB of the limit: runsc wants 32 or more.)
+	MinMemoryBytes = 16 * mib
 	// MinTmpfsBytes is the smallest /tmp; below it even small scripts fail.
 	MinTmpfsBytes = 1 * mib
 	// MaxCPUs bounds the CPU quota a single call may be given.
