@@ -14,6 +14,8 @@ const (
 	MinMemoryBytes = 16 * mib
 	// MinTmpfsBytes is the smallest /tmp; below it even small scripts fail.
 	MinTmpfsBytes = 1 * mib
+	// MinPids counts the sandbox's init and the code itself.
+	MinPids = 2
 	// MaxCPUs bounds the CPU quota a single call may be given.
 	MaxCPUs = 1024
 )
@@ -53,8 +55,8 @@ func (l Limits) Validate() error {
 	if l.MemoryBytes < MinMemoryBytes {
 		errs = append(errs, fmt.Errorf("memory limit must be at least %d MiB, got %d bytes", MinMemoryBytes/mib, l.MemoryBytes))
 	}
-	if l.Pids < 1 {
-		errs = append(errs, fmt.Errorf("pids limit must be > 0, got %d", l.Pids))
+	if l.Pids < MinPids {
+		errs = append(errs, fmt.Errorf("pids limit must be at least %d (the sandbox's init and the code), got %d", MinPids, l.Pids))
 	}
 	if !(l.CPUs > 0 && l.CPUs <= MaxCPUs) { // also rejects NaN
 		errs = append(errs, fmt.Errorf("cpus must be > 0 and ≤ %d, got %v", MaxCPUs, l.CPUs))

@@ -72,7 +72,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_ROOTFS", "rootfs", "the read-only Python rootfs to use (default: built from the host's python3 into a cache dir)", stringValue{&c.Rootfs}},
 		{"MCP_EXEC_PYTHON", "python", "the host interpreter the default rootfs is built from", stringValue{&c.Python}},
 		{"MCP_EXEC_MEMORY_MB", "memory-mb", "memory limit per call in MiB (tmpfs pages count too)", bytesValue{&c.Limits.MemoryBytes, mib, policy.MinMemoryBytes / mib}},
-		{"MCP_EXEC_PIDS", "pids", "process/thread limit per call", intValue{&c.Limits.Pids, 1}},
+		{"MCP_EXEC_PIDS", "pids", "process/thread limit per call", intValue{&c.Limits.Pids, policy.MinPids}},
 		{"MCP_EXEC_CPUS", "cpus", "CPU quota per call, in cores", cpusValue{&c.Limits.CPUs}},
 		{"MCP_EXEC_TMPFS_MB", "tmpfs-mb", "size of the writable /tmp in MiB", bytesValue{&c.Limits.TmpfsBytes, mib, policy.MinTmpfsBytes / mib}},
 		{"MCP_EXEC_STATE_DIR", "state-dir", "where per-instance container state lives (0700)", stringValue{&c.StateDir}},
