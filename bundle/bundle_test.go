@@ -33,7 +33,7 @@ func applyStep(t *testing.T, name string) *specs.Spec {
 
 func TestStepProcess(t *testing.T) {
 	p := applyStep(t, "process").Process
-	if want := []string{"/usr/bin/python3", "-c", initScript}; !slices.Equal(p.Args, want) {
+	if want := []string{"/usr/bin/python3", "-I", "-S", "-c", initScript}; !slices.Equal(p.Args, want) {
 		t.Errorf("Args = %v, want %v (the fixed init; the code only as a file)", p.Args, want)
 	}
 	if p.Cwd != "/tmp" {

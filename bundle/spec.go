@@ -49,7 +49,7 @@ func Spec(cfg Config, codeDir string) *specs.Spec {
 // initScript), as the unprivileged user, in /tmp, with the allowlisted
 // environment and no way to gain privileges.
 func withProcess(s *specs.Spec, cfg Config, _ string) {
-	s.Process.Args = []string{cfg.Python, "-c", initScript}
+	s.Process.Args = []string{cfg.Python, "-I", "-S", "-c", initScript}
 	s.Process.Env = policy.Env()
 	s.Process.Cwd = "/tmp"
 	s.Process.User = specs.User{UID: policy.UID, GID: policy.GID, AdditionalGids: []uint32{}}
