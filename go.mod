@@ -3,6 +3,7 @@ module github.com/inhuman/mcp-exec
 go 1.26.8
 
 require (
+	github.com/cyphar/filepath-securejoin v0.7.0
 	github.com/google/uuid v1.6.0
 	github.com/moby/profiles/seccomp v0.3.0
 	github.com/modelcontextprotocol/go-sdk v1.8.0
@@ -19,7 +20,6 @@ require (
 	github.com/cilium/ebpf v0.17.3 // indirect
 	github.com/containerd/console v1.0.5 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
-	github.com/cyphar/filepath-securejoin v0.7.0 // indirect
 	github.com/godbus/dbus/v5 v5.2.2 // indirect
 	github.com/google/jsonschema-go v0.4.3 // indirect
 	github.com/moby/sys/capability v0.5.0 // indirect

@@ -36,7 +36,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	securejoin "github.com/cyphar/filepath-securejoin"
 )
 
 // PythonPath is the interpreter's path inside every rootfs this package builds.
@@ -107,44 +107,15 @@ func Check(dir string) error {
 // symlinks without ever leaving root, and returns the host path it names.
 // Absolute links in a rootfs point into the rootfs, not into the host.
 func resolveIn(root, p string) (string, error) {
-	todo := splitPath(p)
-	cur := "/"
-	for links := 0; len(todo) > 0; {
-		c := todo[0]
-		todo = todo[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			cur = filepath.Dir(cur)
-			continue
-		}
-		next := filepath.Join(cur, c)
-		fi, err := os.Lstat(filepath.Join(root, next))
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return "", fmt.Errorf("%s does not exist", next)
-			}
-			return "", err
-		}
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if links++; links > 40 {
-				return "", unix.ELOOP
-			}
-			target, err := os.Readlink(filepath.Join(root, next))
-			if err != nil {
-				return "", err
-			}
-			todo = append(splitPath(target), todo...)
-			if filepath.IsAbs(target) {
-				cur = "/"
-			}
-			continue
-		}
-		if len(todo) > 0 && !fi.IsDir() {
-			return "", fmt.Errorf("%s is not a directory", next)
-		}
-		cur = next
+	full, err := securejoin.SecureJoin(filepath.Clean(root), p)
+	if err != nil {
+		return "", err
 	}
-	return filepath.Join(root, cur), nil
+	if _, err := os.Lstat(full); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("%s does not exist", p)
+		}
+		return "", err
+	}
+	return full, nil
 }
