@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// cgroupVerdict fills the verdict's OOM flag, peak memory and CPU time from
+// cgroupVerdict fills the verdict's OOM and pids flags, peak memory and CPU time from
 // a call's cgroups (controller name to path for cgroup v1, "" to the path
 // for v2), read after the code ended and before the cgroups are removed.
 func cgroupVerdict(paths map[string]string, res *Result) {
@@ -26,6 +26,11 @@ func cgroupVerdict(paths map[string]string, res *Result) {
 	} else if p, ok := paths[""]; ok { // cgroup v2
 		res.OOMKilled = readKeyed(filepath.Join(p, "memory.events"), "oom_kill") > 0
 		res.PeakMemoryBytes = readInt(filepath.Join(p, "memory.peak"))
+	}
+	if p, ok := paths["pids"]; ok { // cgroup v1
+		res.PidsLimitHit = readKeyed(filepath.Join(p, "pids.events"), "max") > 0
+	} else if p, ok := paths[""]; ok { // cgroup v2
+		res.PidsLimitHit = readKeyed(filepath.Join(p, "pids.events"), "max") > 0
 	}
 	if p, ok := paths["cpuacct"]; ok {
 		res.CPUTime = time.Duration(readInt(filepath.Join(p, "cpuacct.usage")))

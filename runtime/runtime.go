@@ -80,6 +80,9 @@ type Result struct {
 	TimedOut bool
 	// OOMKilled: the memory limit killed a process of the container.
 	OOMKilled bool
+	// PidsLimitHit: creating a process or thread failed at the pids limit
+	// (under gVisor, which needs host tasks too, the sandbox may end then).
+	PidsLimitHit bool
 	// Duration is the wall-clock time from the start of the code to the
 	// end of its last process.
 	Duration time.Duration

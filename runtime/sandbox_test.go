@@ -627,6 +627,9 @@ while True:
         os.fork()
     except OSError:
         pass`, withTimeout(3*time.Second))
+			if !res.PidsLimitHit {
+				t.Errorf("fork bomb: PidsLimitHit = false, want true")
+			}
 			if kind == runtime.Runsc && !res.TimedOut && res.ExitCode == 0 {
 				t.Errorf("runsc: fork bomb: exit 0 and not timed out; want the sandbox ended")
 			} else if kind != runtime.Runsc && !res.TimedOut {
@@ -754,6 +757,9 @@ if __name__ == "__main__":
       "dec": str(decimal.Decimal("1.1") + decimal.Decimal("2.2")), "ssl": ssl.OPENSSL_VERSION[:7],
       "sha": hashlib.sha256(b"").hexdigest()[:8]}))`, withTimeout(60*time.Second))
 		want := `{"sub": "42", "mp": [0, 1, 4, 9, 16], "db": 1, "dec": "3.3", "ssl": "OpenSSL", "sha": "e3b0c442"}` + "\n"
+		if res.PidsLimitHit || res.OOMKilled || res.TimedOut {
+			t.Errorf("ordinary Python: pids limit hit %v, OOM %v, timed out %v; want none", res.PidsLimitHit, res.OOMKilled, res.TimedOut)
+		}
 		if res.ExitCode != 0 || string(res.Stdout) != want {
 			t.Errorf("exit %d\nstdout %s\nwant   %s\nstderr %s", res.ExitCode, res.Stdout, want, res.Stderr)
 		}

@@ -26,6 +26,7 @@ type auditRecord struct {
 	ExitCode        *int        `json:"exit_code"` // null when the code did not run
 	TimedOut        bool        `json:"timed_out"`
 	OOMKilled       bool        `json:"oom_killed"`
+	PidsLimited     bool        `json:"pids_limited"`
 	StdoutTruncated bool        `json:"stdout_truncated"`
 	StderrTruncated bool        `json:"stderr_truncated"`
 	StdoutBytes     int64       `json:"stdout_bytes"`
@@ -54,7 +55,7 @@ func (r *auditRecord) setResult(res runtime.Result, timeout time.Duration, err e
 	}
 	code := res.ExitCode
 	r.ExitCode = &code
-	r.TimedOut, r.OOMKilled = res.TimedOut, res.OOMKilled
+	r.TimedOut, r.OOMKilled, r.PidsLimited = res.TimedOut, res.OOMKilled, res.PidsLimitHit
 	r.StdoutTruncated, r.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
 	r.StdoutBytes, r.StderrBytes = res.StdoutBytes, res.StderrBytes
 	r.DurationMS = res.Duration.Milliseconds()

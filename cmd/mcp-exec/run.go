@@ -95,6 +95,9 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case res.OOMKilled:
 		fmt.Fprintf(stderr, "mcp-exec run: killed by the memory limit (%d MiB)\n", cfg.Limits.MemoryBytes/mib)
 	}
+	if res.PidsLimitHit {
+		fmt.Fprintf(stderr, "mcp-exec run: hit the process limit (%d, MCP_EXEC_PIDS)\n", cfg.Limits.Pids)
+	}
 	if res.StdoutTruncated || res.StderrTruncated {
 		fmt.Fprintf(stderr, "mcp-exec run: output truncated at %d bytes per stream\n", cfg.MaxOutputBytes)
 	}

@@ -35,6 +35,7 @@ type execOutput struct {
 	ExitCode        int    `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
 	TimedOut        bool   `json:"timed_out" jsonschema:"the wall-clock limit was hit and the whole container was killed"`
 	OOMKilled       bool   `json:"oom_killed" jsonschema:"the memory limit killed a process"`
+	PidsLimited     bool   `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
 	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
 	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
 	Truncated       bool   `json:"truncated" jsonschema:"stdout_truncated or stderr_truncated"`
@@ -334,6 +335,7 @@ func outputOf(res runtime.Result, kind runtime.Kind) execOutput {
 		ExitCode:        res.ExitCode,
 		TimedOut:        res.TimedOut,
 		OOMKilled:       res.OOMKilled,
+		PidsLimited:     res.PidsLimitHit,
 		StdoutTruncated: res.StdoutTruncated,
 		StderrTruncated: res.StderrTruncated,
 		Truncated:       res.StdoutTruncated || res.StderrTruncated,
@@ -353,6 +355,9 @@ func summary(out execOutput, timeout time.Duration, cfg config) string {
 	}
 	if out.OOMKilled {
 		fmt.Fprintf(&b, "; killed by the memory limit (%d MiB)", cfg.Limits.MemoryBytes/mib)
+	}
+	if out.PidsLimited {
+		fmt.Fprintf(&b, "; hit the process limit (%d)", cfg.Limits.Pids)
 	}
 	if out.StdoutTruncated {
 		fmt.Fprintf(&b, "; stdout truncated at %d bytes", cfg.MaxOutputBytes)
