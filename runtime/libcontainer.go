@@ -89,8 +89,7 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 		}
 	}()
 	if err := r.live.add(sb); err != nil {
-		b.Remove()
-		return nil, err
+		return nil, err // the deferred Close removes the bundle
 	}
 
 	if err := ctx.Err(); err != nil {

@@ -155,8 +155,7 @@ func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox
 		}
 	}()
 	if err := r.live.add(sb); err != nil {
-		b.Remove()
-		return nil, err
+		return nil, err // the deferred Close removes the bundle
 	}
 
 	if err := ctx.Err(); err != nil {

@@ -12,6 +12,7 @@
 // stdin (a clean stdio shutdown) and waits for it.
 import http from 'node:http';
 import { randomUUID } from 'node:crypto';
+import { listenLoopback } from './lib.mjs';
 
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
@@ -88,23 +89,13 @@ export async function startBridge({ bin, env, stderr = 'ignore' }) {
     // A sessionless request that did not initialize one: drop its transport.
     if (!sid && !entry.http.sessionId) await entry.close();
   });
-  const sockets = new Set();
-  server.on('connection', (s) => {
-    sockets.add(s);
-    s.on('close', () => sockets.delete(s));
-  });
-  await new Promise((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', resolve);
-  });
-  const { port } = server.address();
+  const listening = await listenLoopback(server);
   return {
-    url: `http://127.0.0.1:${port}/mcp`,
+    url: `http://127.0.0.1:${listening.port}/mcp`,
     sessionCount: () => sessions.size,
     close: async () => {
       await Promise.allSettled([...sessions.values(), ...pending].map((e) => e.close()));
-      for (const s of sockets) s.destroy();
-      await new Promise((resolve) => server.close(() => resolve()));
+      await listening.close();
     },
   };
 }

@@ -252,3 +252,26 @@ export async function waitFor(fn, { timeoutMs = 5000, intervalMs = 50 } = {}) {
   }
   return v;
 }
+
+// listenLoopback starts server on a free loopback port and tracks its
+// sockets, so that close() ends open streams (SSE) instead of waiting for
+// them.
+export async function listenLoopback(server) {
+  const sockets = new Set();
+  server.on('connection', (s) => {
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+  });
+  await new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', resolve);
+  });
+  return {
+    port: server.address().port,
+    close: () =>
+      new Promise((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}

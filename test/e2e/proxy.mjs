@@ -13,6 +13,7 @@
 // prints the proxy's base URL and serves until killed.
 import http from 'node:http';
 import { pathToFileURL } from 'node:url';
+import { listenLoopback } from './lib.mjs';
 
 const HOP_BY_HOP = new Set([
   'connection',
@@ -44,7 +45,6 @@ function forwardHeaders(raw, extra = {}) {
 
 export async function startProxy({ target, token, log = () => {} }) {
   const up = new URL(target);
-  const sockets = new Set();
   const server = http.createServer((req, res) => {
     // Host goes through as the client sent it (node uses a 'host' entry in
     // headers verbatim); only the credential is added, replacing any.
@@ -79,23 +79,11 @@ export async function startProxy({ target, token, log = () => {} }) {
     });
     req.pipe(upReq);
   });
-  server.on('connection', (s) => {
-    sockets.add(s);
-    s.on('close', () => sockets.delete(s));
-  });
-  await new Promise((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', resolve);
-  });
-  const { port } = server.address();
+  const listening = await listenLoopback(server);
   return {
-    port,
-    url: `http://127.0.0.1:${port}`,
-    close: () =>
-      new Promise((resolve) => {
-        for (const s of sockets) s.destroy();
-        server.close(() => resolve());
-      }),
+    port: listening.port,
+    url: `http://127.0.0.1:${listening.port}`,
+    close: listening.close,
   };
 }
 
