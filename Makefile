@@ -18,7 +18,9 @@ build: $(BIN)
 $(BIN): $(shell find . -name '*.go' -not -path './node_modules/*') go.mod go.sum
 	$(GO) build -tags $(TAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/mcp-exec
 
+# vet also fails on unformatted files: gofmt -l prints them.
 vet:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags $(TAGS) ./...
 
 # test runs everything: unit tests, real containers (root), and the MCP

@@ -14,19 +14,17 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
 )
 
-// need fails the test under CI, where every prerequisite must be present,
-// and skips it elsewhere, saying exactly what is missing.
+// need ends a sandbox test whose prerequisite is missing (testenv's rule:
+// a failure under CI=true, a skip elsewhere).
 func need(t *testing.T, format string, args ...any) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("sandbox test prerequisite missing (CI=true makes this a failure): "+format, args...)
-	}
-	t.Skipf("skipping sandbox test: "+format, args...)
+	testenv.Missing(t, format, args...)
 }
 
 var shared struct {
@@ -53,6 +51,7 @@ func sharedRootfs() (string, error) {
 // here, and returns the rootfs they use.
 func testRootfs(t *testing.T) string {
 	t.Helper()
+	testenv.Real(t)
 	if os.Geteuid() != 0 {
 		need(t, "root is required to create containers (run the tests as root)")
 	}
@@ -78,6 +77,7 @@ func benchRootfs(b *testing.B) string {
 
 // runtimeKinds are the runtimes every sandbox property is tested against.
 func runtimeKinds(t *testing.T) []runtime.Kind {
+	testenv.Real(t)
 	kinds := []runtime.Kind{runtime.Libcontainer}
 	if runscAvailable(t) {
 		kinds = append(kinds, runtime.Runsc)
@@ -88,6 +88,7 @@ func runtimeKinds(t *testing.T) []runtime.Kind {
 // forEachRuntime runs f as a subtest per runtime.
 func forEachRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 	t.Helper()
+	testenv.Real(t)
 	for _, kind := range runtimeKinds(t) {
 		t.Run(string(kind), func(t *testing.T) {
 			f(t, newHarness(t, kind, policy.DefaultLimits()))

@@ -21,6 +21,7 @@ import (
 	_ "github.com/opencontainers/cgroups/devices"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/host"
 )
 
 // Config configures a runtime instance.
@@ -42,6 +43,32 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+}
+
+// ErrUnsupported marks a host that cannot provide the whole sandbox.
+var ErrUnsupported = errors.New("isolation unavailable")
+
+// LibcontainerUsable returns an error naming everything the libcontainer
+// runtime would lack on this host, or nil.
+func LibcontainerUsable() error {
+	missing := host.Probe().ForLibcontainer()
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: this host cannot provide the full sandbox with libcontainer: %s",
+		ErrUnsupported, host.Explain(host.Libcontainer, missing))
+}
+
+// RunscUsable returns an error naming everything the runsc runtime would
+// lack on this host with cfg, or nil.
+func RunscUsable(cfg Config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), host.ProbeTimeout)
+	defer cancel()
+	info := host.ProbeRunsc(ctx, host.Probe(), cfg.RunscPath, cfg.RunscPlatform)
+	if info.Available() {
+		return nil
+	}
+	return fmt.Errorf("%w: this host cannot provide the full sandbox with runsc: %s", ErrUnsupported, host.Explain(host.Runsc, info.Missing))
 }
 
 // LibcontainerRuntime runs bundles with runc's libcontainer in this process.

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/host"
 )
 
 // The runsc runtime runs each call as one `runsc run` child process:
@@ -58,12 +59,10 @@ import (
 type RunscRuntime struct {
 	cfg  Config
 	inst *instance
-	info RunscInfo
+	info host.RunscInfo
 	// root is runsc's --root: container state, inside the private instance
 	// dir so a dead instance's sandboxes are found and swept with it.
 	root string
-	// unimplemented are syscalls this runsc answers with ENOSYS itself.
-	unimplemented map[string]bool
 
 	live liveSet
 }
@@ -74,31 +73,13 @@ type RunscRuntime struct {
 // less isolation.
 func NewRunsc(cfg Config) (*RunscRuntime, error) {
 	cfg.setDefaults()
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), host.ProbeTimeout)
 	defer cancel()
-	type table struct {
-		unimpl map[string]bool
-		err    error
-	}
-	tableCh := make(chan table, 1)
-	if bin, err := findRunsc(cfg.RunscPath); err == nil {
-		go func() {
-			u, err := runscUnimplemented(ctx, bin)
-			tableCh <- table{u, err}
-		}()
-	} else {
-		tableCh <- table{err: err}
-	}
-	info := ProbeRunsc(ctx, cfg.RunscPath, cfg.RunscPlatform)
-	tab := <-tableCh
+	info := host.ProbeRunsc(ctx, host.Probe(), cfg.RunscPath, cfg.RunscPlatform)
 	if !info.Available() {
 		return nil, fmt.Errorf("%w: this host cannot provide the full sandbox with runsc: %s",
-			ErrUnsupported, strings.Join(info.Missing, "; "))
+			ErrUnsupported, host.Explain(host.Runsc, info.Missing))
 	}
-	if tab.err != nil {
-		return nil, fmt.Errorf("%w: reading runsc's syscall table: %w", ErrUnsupported, tab.err)
-	}
-	unimpl := tab.unimpl
 	inst, err := newInstance(cfg.StateDir, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -109,7 +90,7 @@ func NewRunsc(cfg Config) (*RunscRuntime, error) {
 		return nil, fmt.Errorf("creating runsc root dir: %w", err)
 	}
 	cfg.Logger.Debug("runsc runtime ready", "runsc", info.Path, "version", info.Version, "platform", info.Platform)
-	return &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root, unimplemented: unimpl}, nil
+	return &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root}, nil
 }
 
 func (r *RunscRuntime) Kind() Kind          { return Runsc }
@@ -118,7 +99,7 @@ func (r *RunscRuntime) instanceID() string  { return r.inst.id }
 func (r *RunscRuntime) instanceDir() string { return r.inst.dir }
 
 // Info is what the runtime probed of runsc when it started.
-func (r *RunscRuntime) Info() RunscInfo { return r.info }
+func (r *RunscRuntime) Info() host.RunscInfo { return r.info }
 
 // Close kills every sandbox still running and removes the instance.
 func (r *RunscRuntime) Close() error {
@@ -166,7 +147,7 @@ func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox
 	}
 	b.Spec.Linux.CgroupsPath = r.inst.cgroupPath(b.ID)
 	if s := b.Spec.Linux.Seccomp; s != nil {
-		b.Spec.Linux.Seccomp = gvisorSeccomp(s, r.unimplemented)
+		b.Spec.Linux.Seccomp = gvisorSeccomp(s, r.info.Unimplemented)
 	}
 	if err := b.WriteSpec(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)

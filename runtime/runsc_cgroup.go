@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/runc/libcontainer/specconv"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/host"
 )
 
 // callCgroup is the cgroup of one runsc call, created by us before runsc
@@ -51,7 +52,7 @@ func newCallCgroup(b *bundle.Bundle) (_ *callCgroup, retErr error) {
 		return nil, fmt.Errorf("setting limits: %w", err)
 	}
 	if !cgroups.IsCgroup2UnifiedMode() {
-		for _, ctrl := range requiredControllers {
+		for _, ctrl := range host.RequiredControllers() {
 			if _, ok := c.paths[ctrl]; !ok {
 				return nil, fmt.Errorf("controller %q is not mounted: its limit could not be enforced", ctrl)
 			}

@@ -3,7 +3,6 @@ package runtime_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -492,32 +491,6 @@ func countProcs(arg string) int {
 		n++
 	}
 	return n
-}
-
-// TestRunscInfo checks what doctor shows of runsc on this host.
-func TestRunscInfo(t *testing.T) {
-	info := runtime.ProbeRunsc(context.Background(), "", "")
-	if info.Path == "" {
-		need(t, "runsc is not installed: %v", info.Missing)
-	}
-	if info.Platform == "kvm" {
-		t.Errorf("probed platform kvm: kvm must never be picked unless asked for")
-	}
-	if !info.OCISeccomp {
-		t.Errorf("OCISeccomp false for %s %s", info.Path, info.Version)
-	}
-	data, _ := json.Marshal(info)
-	if !bytes.Contains(data, []byte(`"limits"`)) {
-		t.Errorf("RunscInfo JSON %s has no limits field", data)
-	}
-	bad := runtime.ProbeRunsc(context.Background(), "", "no-such-platform")
-	if bad.Available() || !strings.Contains(strings.Join(bad.Missing, " "), "no-such-platform") {
-		t.Errorf("ProbeRunsc with platform no-such-platform: missing %v, want it named", bad.Missing)
-	}
-	none := runtime.ProbeRunsc(context.Background(), "/nonexistent/runsc", "")
-	if none.Available() || !strings.Contains(strings.Join(none.Missing, " "), "MCP_EXEC_RUNSC=/nonexistent/runsc") {
-		t.Errorf("ProbeRunsc with a missing binary: missing %v, want MCP_EXEC_RUNSC named", none.Missing)
-	}
 }
 
 // Calls run in parallel, each in its own sandbox with its own streams.

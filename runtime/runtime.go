@@ -48,6 +48,8 @@ func ParseKind(s string) (Kind, error) {
 
 // Request carries what one call asks for at run time.
 type Request struct {
+	// Code is the Python source, run as the script /code/main.py.
+	Code []byte
 	// Stdin is fed to the program's standard input, followed by EOF.
 	Stdin []byte
 	// Timeout is the wall-clock limit; when it passes every process of the

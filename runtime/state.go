@@ -14,6 +14,8 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
+
+	"github.com/inhuman/mcp-exec/host"
 )
 
 // DefaultStateDir holds one directory per live server instance.
@@ -21,7 +23,7 @@ const DefaultStateDir = "/run/mcp-exec"
 
 // cgroupRoot is the cgroup (under every controller) that holds one child per
 // server instance, which holds one child per call.
-const cgroupRoot = "mcp-exec"
+const cgroupRoot = host.CgroupRoot
 
 // instance is one server's private state: a locked directory under the state
 // root holding its bundles and container state, and a cgroup parent.
@@ -135,9 +137,7 @@ func sweep(root string, log *slog.Logger) {
 		if err := removeCgroupTree(name, log); err != nil {
 			log.Warn("sweeping cgroups", "instance", name, "err", err)
 		}
-		if runscSweep != nil {
-			runscSweep(dir, log)
-		}
+		sweepRunsc(dir, log)
 		if err := removeAllAtomic(dir); err != nil {
 			log.Warn("sweeping state", "instance", name, "err", err)
 		}
@@ -146,10 +146,6 @@ func sweep(root string, log *slog.Logger) {
 		}
 	}
 }
-
-// runscSweep, when set, lets the runsc runtime clean sandboxes that its
-// own root dir knows of before the directory goes.
-var runscSweep func(instanceDir string, log *slog.Logger)
 
 // removeAllAtomic renames dir to a hidden name first, so that a crash
 // half-way never leaves something that looks like a live instance.

@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/inhuman/mcp-exec/rootfs"
+	"github.com/inhuman/mcp-exec/runtime"
 )
 
 // BenchmarkExecStdio measures what a client sees: an exec of print(1)
@@ -67,7 +68,7 @@ func BenchmarkExecStdio(b *testing.B) {
 	sbTimes := make([]time.Duration, 0, b.N)
 	for range b.N {
 		start := time.Now()
-		res, err := sb.run(ctx, []byte("print(1)"), nil, 30*time.Second, 1<<20)
+		res, err := sb.Run(ctx, runtime.Request{Code: []byte("print(1)"), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
 		sbTimes = append(sbTimes, time.Since(start))
 		if err != nil || string(res.Stdout) != "1\n" {
 			b.Fatalf("sandbox run: %q, %v", res.Stdout, err)

@@ -9,15 +9,17 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
+	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
 )
 
 // report is doctor's finding, also its --json output.
 type report struct {
-	Host     runtime.Host   `json:"host"`
+	Host     host.Host      `json:"host"`
 	Runtime  runtimeReport  `json:"runtime"`
 	Rootfs   rootfsReport   `json:"rootfs"`
 	Runtimes []runtimeCheck `json:"runtimes"`
@@ -53,9 +55,12 @@ type runtimeCheck struct {
 	// Limits are the limits (memory, pids, cpu) it can enforce here.
 	Limits []string `json:"limits"`
 	// Missing lists what keeps it from the full sandbox, each with the fix.
-	Missing []string `json:"missing,omitempty"`
+	Missing []host.Missing `json:"missing,omitempty"`
+	// InContainer, when a missing item is a privilege, is how a server in
+	// a container gets it from its engine.
+	InContainer *host.ContainerFix `json:"in_container,omitempty"`
 	// Runsc is the whole runsc probe (runsc only).
-	Runsc *runtime.RunscInfo `json:"runsc,omitempty"`
+	Runsc *host.RunscInfo `json:"runsc,omitempty"`
 }
 
 type rootfsReport struct {
@@ -79,15 +84,21 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		fmt.Fprintln(stderr, "mcp-exec doctor:", err)
 		return 2
 	}
-	r := report{Host: runtime.ProbeHost(), Runtime: runtimeReport{Selected: cfg.Runtime}}
-	lc := runtimeCheck{Kind: runtime.Libcontainer, Missing: r.Host.MissingForLibcontainer(), Limits: r.Host.EnforceableLimits()}
+	r := report{Host: host.Probe(), Runtime: runtimeReport{Selected: cfg.Runtime}}
+	lc := runtimeCheck{Kind: runtime.Libcontainer, Missing: r.Host.ForLibcontainer(), Limits: r.Host.EnforceableLimits()}
 	lc.Available = len(lc.Missing) == 0
 	if r.Host.SeccompLibrary != "" {
 		lc.Detail = "in-process, libseccomp " + r.Host.SeccompLibrary
 	}
-	rs := runtime.ProbeRunsc(ctx, cfg.RunscPath, cfg.RunscPlatform)
+	rs := host.ProbeRunsc(ctx, r.Host, cfg.RunscPath, cfg.RunscPlatform)
 	r.Runtimes = []runtimeCheck{lc, {Kind: runtime.Runsc, Available: rs.Available(), Detail: rs.Detail(),
 		Platform: rs.Platform, Limits: rs.Limits, Missing: rs.Missing, Runsc: &rs}}
+	for i, c := range r.Runtimes {
+		if slices.ContainsFunc(c.Missing, func(m host.Missing) bool { return m.Privilege }) {
+			fix := host.FixInContainer(host.Runtime(c.Kind))
+			r.Runtimes[i].InContainer = &fix
+		}
+	}
 
 	selected, other := r.Runtimes[0], r.Runtimes[1]
 	if cfg.Runtime == runtime.Runsc {
@@ -103,7 +114,7 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	r.Runtime.Advice = r.Host.Advice()
 	if r.OK {
 		// Prove it: build or find the rootfs and run Python in the sandbox.
-		sb, err := newSandbox(ctx, cfg, slog.New(slog.DiscardHandler))
+		sb, err := newEngine(ctx, cfg, slog.New(slog.DiscardHandler))
 		if err != nil {
 			r.OK = false
 			r.Runtime.Mode = modeRefuse
@@ -175,6 +186,11 @@ func printReport(w io.Writer, r report) {
 		for _, m := range c.Missing {
 			fmt.Fprintf(w, "    missing: %s\n", m)
 		}
+		if f := c.InContainer; f != nil {
+			fmt.Fprintf(w, "    if mcp-exec runs in a container, its engine grants the privileges above with:\n")
+			fmt.Fprintf(w, "      docker:     %s\n", f.Docker)
+			fmt.Fprintf(w, "      Kubernetes: %s\n", f.Kubernetes)
+		}
 	}
 	for _, a := range r.Runtime.Advice {
 		fmt.Fprintf(w, "advice: %s\n", a)
@@ -200,7 +216,7 @@ func printReport(w io.Writer, r report) {
 	}
 }
 
-func userNS(h runtime.Host) string {
+func userNS(h host.Host) string {
 	if h.InitialUserNS {
 		return "the host's (initial)"
 	}

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // Tests of the built binary: the whole path a client sees, over stdio,
@@ -249,8 +251,9 @@ func TestBinaryStdio(t *testing.T) {
 func TestBinaryStdioBadLines(t *testing.T) {
 	p := startServer(t, []string{"MCP_EXEC_MAX_STDIN_BYTES=100"})
 	p.initialize(t)
+	// Over 6 × (code + stdin limits) + 1 MiB: no valid call is that long.
 	huge := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"exec","arguments":{"code":"` +
-		strings.Repeat("x", 5<<20) + `"}}}`
+		strings.Repeat("x", 14<<20) + `"}}}`
 	for _, tc := range []struct {
 		name, line string
 		id         any // nil: null
@@ -262,7 +265,7 @@ func TestBinaryStdioBadLines(t *testing.T) {
 		{"method not a string", `{"jsonrpc":"2.0","id":"four","method":4}`, "four", -32600, "invalid JSON-RPC message"},
 		{"not an object", `42`, nil, -32600, "invalid JSON-RPC message"},
 		{"batch", `[{"jsonrpc":"2.0","id":6,"method":"ping"}]`, nil, -32600, "batches are not supported"},
-		{"over the line limit", huge, float64(7), -32600, "MCP_EXEC_MAX_STDIN_BYTES"},
+		{"over the line limit", huge, float64(7), -32600, "MCP_EXEC_MAX_CODE_BYTES and MCP_EXEC_MAX_STDIN_BYTES"},
 		{"unknown method", `{"jsonrpc":"2.0","id":8,"method":"nope"}`, float64(8), -32601, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -438,7 +441,7 @@ func TestBinaryHTTP(t *testing.T) {
 			{"foreign Host", http.Header{"Authorization": {"Bearer " + testToken}}, "evil.example:80", initializeBody, 403},
 			{"malformed JSON", http.Header{"Authorization": {"Bearer " + testToken}}, "", `{not json`, 400},
 			{"body over the limit", http.Header{"Authorization": {"Bearer " + testToken}}, "",
-				`{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"` + strings.Repeat("x", 5<<20) + `"}}`, 413},
+				`{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"` + strings.Repeat("x", 14<<20) + `"}}`, 413},
 		} {
 			if got := rawPost(t, base+"/mcp", tc.host, tc.header, tc.body); got != tc.want {
 				t.Errorf("POST /mcp with %s = %d, want %d", tc.name, got, tc.want)
@@ -612,6 +615,7 @@ func TestBinarySSE(t *testing.T) {
 // An invalid configuration stops the server at start, naming the variable.
 // No sandbox is needed: the configuration is checked first.
 func TestBinaryConfigErrors(t *testing.T) {
+	testenv.Real(t) // it builds the binary
 	bin := binaryPath(t)
 	for _, tc := range []struct {
 		env  []string
@@ -632,6 +636,10 @@ func TestBinaryConfigErrors(t *testing.T) {
 		{[]string{"MCP_EXEC_RUNTIME=docker"}, nil, "MCP_EXEC_RUNTIME"},
 		{[]string{"MCP_EXEC_CPUS=0"}, nil, "MCP_EXEC_CPUS"},
 		{[]string{"MCP_EXEC_AUDIT_LOG=/nonexistent/dir/audit.log"}, nil, "MCP_EXEC_AUDIT_LOG"},
+		{[]string{"MCP_EXEC_MAX_CODE_BYTES=0"}, nil, "MCP_EXEC_MAX_CODE_BYTES"},
+		{[]string{"MCP_EXEC_MAX_QUEUED=-1"}, nil, "MCP_EXEC_MAX_QUEUED"},
+		{[]string{"MCP_EXEC_SESSION_IDLE_S=0"}, nil, "MCP_EXEC_SESSION_IDLE_S"},
+		{[]string{"MCP_EXEC_HTTP_STATELESS=maybe"}, nil, "MCP_EXEC_HTTP_STATELESS"},
 	} {
 		stateDir := filepath.Join(t.TempDir(), "state")
 		cmd := exec.Command(bin, append([]string{"serve"}, tc.args...)...)

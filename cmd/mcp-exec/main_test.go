@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // The test binary starts containers: libcontainer re-executes it as
@@ -33,7 +35,7 @@ var shared sharedSandbox
 
 type sharedSandbox struct {
 	once     sync.Once
-	sb       *sandbox
+	sb       *engine
 	stateDir string
 	skip     string // why sandbox tests cannot run here
 }
@@ -50,11 +52,9 @@ func (s *sharedSandbox) close() {
 // requireSandbox is the one place that decides whether a test that starts
 // containers can run: it skips with the reason, or fails under CI=true,
 // where a missing prerequisite is a broken build machine.
-func requireSandbox(t testing.TB) *sandbox {
+func requireSandbox(t testing.TB) *engine {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("-short: skipping a test that starts containers")
-	}
+	testenv.Real(t)
 	shared.once.Do(func() {
 		if os.Geteuid() != 0 {
 			shared.skip = fmt.Sprintf("starting containers needs root, running as uid %d", os.Geteuid())
@@ -70,15 +70,12 @@ func requireSandbox(t testing.TB) *sandbox {
 		cfg.StateDir = dir
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if shared.sb, err = newSandbox(ctx, cfg, nil); err != nil {
+		if shared.sb, err = newEngine(ctx, cfg, nil); err != nil {
 			shared.skip = "the sandbox cannot start on this host: " + err.Error()
 		}
 	})
 	if shared.skip != "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(shared.skip)
-		}
-		t.Skip(shared.skip)
+		testenv.Missing(t, "%s", shared.skip)
 	}
 	return shared.sb
 }

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/host"
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // Tests of the built binary without root: under setpriv (uid 65532, no
@@ -37,10 +40,7 @@ type wrapper struct {
 func nonrootWrappers(t *testing.T) []wrapper {
 	for _, tool := range []string{"setpriv", "unshare"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is not installed (util-linux); CI=true makes this a failure", tool)
-			}
-			t.Skipf("%s is not installed (util-linux)", tool)
+			testenv.Missing(t, "%s is not installed (util-linux)", tool)
 		}
 	}
 	if os.Geteuid() != 0 {
@@ -85,9 +85,7 @@ func publicBinary(t *testing.T) (bin, dir string) {
 }
 
 func TestNonRootRefusesOrGivesFullSandbox(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: skipping a test that builds and runs the binary")
-	}
+	testenv.Real(t)
 	wrappers := nonrootWrappers(t)
 	bin, dir := publicBinary(t)
 	for _, w := range wrappers {
@@ -154,9 +152,7 @@ func TestNonRootRefusesOrGivesFullSandbox(t *testing.T) {
 }
 
 func TestNonRootDoctorNamesTheFix(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: skipping a test that builds and runs the binary")
-	}
+	testenv.Real(t)
 	wrappers := nonrootWrappers(t)
 	bin, dir := publicBinary(t)
 	for _, w := range wrappers {
@@ -178,7 +174,7 @@ func TestNonRootDoctorNamesTheFix(t *testing.T) {
 				t.Errorf("doctor: ok %v mode %q runtimes %d, want false, %q, 2", r.OK, r.Runtime.Mode, len(r.Runtimes), modeRefuse)
 			}
 			for _, c := range r.Runtimes {
-				joined := strings.Join(c.Missing, "\n")
+				joined := host.Join(c.Missing)
 				if c.Available || !strings.Contains(joined, w.want[0]) {
 					t.Errorf("doctor: %s available %v missing %q, want unavailable naming %q", c.Kind, c.Available, joined, w.want[0])
 				}

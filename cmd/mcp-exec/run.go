@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -9,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/inhuman/mcp-exec/runtime"
 )
 
 // exitSandboxFailed is the status when the sandbox itself could not run,
@@ -23,7 +26,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	code := fs.String("c", "", "Python code to run (instead of FILE)")
 	stdinFile := fs.String("stdin", "", "file fed to the program's standard input")
 	var timeout time.Duration
-	fs.Var(secondsValue{&timeout}, "timeout", "wall-clock limit in seconds (default MCP_EXEC_DEFAULT_TIMEOUT_S)")
+	fs.Var(seconds(&timeout), "timeout", "wall-clock limit in seconds (default MCP_EXEC_DEFAULT_TIMEOUT_S)")
 	verbose := fs.Bool("v", false, "log to stderr")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mcp-exec run [-c CODE | FILE] [--stdin FILE] [--timeout S]")
@@ -78,12 +81,18 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *verbose {
 		log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	sb, err := newSandbox(ctx, cfg, log)
+	if int64(len(src)) > cfg.MaxCodeBytes {
+		return fail("the code is %d bytes, over the limit of %d (MCP_EXEC_MAX_CODE_BYTES)", len(src), cfg.MaxCodeBytes)
+	}
+	if i := bytes.IndexByte(src, 0); i >= 0 {
+		return fail("the code contains a NUL byte at offset %d; Python would silently stop reading there", i)
+	}
+	eng, err := newEngine(ctx, cfg, log)
 	if err != nil {
 		return fail("%v", err)
 	}
-	defer sb.close()
-	res, err := sb.run(ctx, src, in, timeout, cfg.MaxOutputBytes)
+	defer eng.close()
+	res, err := eng.Run(ctx, runtime.Request{Code: src, Stdin: in, Timeout: timeout, MaxOutputBytes: cfg.MaxOutputBytes})
 	stdout.Write(res.Stdout)
 	stderr.Write(res.Stderr)
 	if err != nil {

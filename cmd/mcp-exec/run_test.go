@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // cli runs the built binary with env added to a minimal environment and
@@ -112,6 +114,7 @@ func TestDoctor(t *testing.T) {
 }
 
 func TestRootfsBuildCommand(t *testing.T) {
+	testenv.Real(t)
 	if os.Geteuid() != 0 {
 		requireSandbox(t) // skips or fails with the reason
 	}

@@ -10,7 +10,7 @@ import (
 	"net"
 	"os"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/inhuman/mcp-exec/server"
 )
 
 // serveCmd runs the MCP server until its client goes (stdio) or ctx is
@@ -45,17 +45,17 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	sdkLog := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: sdkLevel})).With("component", "mcp")
 
-	audit, err := openAudit(cfg.AuditLog, stderr, log)
+	audit, err := server.OpenAudit(cfg.AuditLog, stderr, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "mcp-exec serve:", err)
 		return 2
 	}
-	defer audit.close()
+	defer audit.Close()
 
 	// Bind before the sandbox comes up, so that a busy address fails at
 	// once; connections wait in the backlog until the sandbox is ready.
 	var ln net.Listener
-	if cfg.Transport != "stdio" {
+	if cfg.Transport != server.Stdio {
 		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {
 			fmt.Fprintln(stderr, "mcp-exec serve: MCP_EXEC_ADDR:", err)
 			return 1
@@ -63,7 +63,7 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		defer ln.Close()
 	}
 
-	sb, err := newSandbox(ctx, cfg, log)
+	eng, err := newEngine(ctx, cfg, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0 // stopped while starting
@@ -71,18 +71,24 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		fmt.Fprintln(stderr, "mcp-exec serve:", err)
 		return 1
 	}
-	log.Info("sandbox ready", "runtime", cfg.Runtime, "python", sb.pythonVersion, "max_concurrency", cfg.MaxConcurrency)
+	defer func() {
+		if err := eng.close(); err != nil {
+			log.Error("tearing down the sandbox", "err", err)
+		}
+	}()
+	log.Info("sandbox ready", "runtime", eng.Info().Runtime, "python", eng.pythonVersion, "max_concurrency", cfg.MaxConcurrency)
 
-	s := newExecServer(ctx, cfg, sb, audit, log)
-	if cfg.Transport == "stdio" {
-		srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: "stdio"} }, sdkLog)
-		err = srv.Run(ctx, stdioTransport(stdin, stdout, int(maxMessageBytes(cfg)), log))
-	} else {
-		err = serveHTTP(ctx, ln, cfg, s, log, sdkLog)
+	opts := cfg.serverOptions()
+	opts.Audit, opts.Logger, opts.SDKLogger = audit, log, sdkLog
+	srv, err := server.New(eng, opts)
+	if err != nil {
+		fmt.Fprintln(stderr, "mcp-exec serve:", err)
+		return 2
 	}
-	s.drain()
-	if cerr := sb.close(); cerr != nil {
-		log.Error("tearing down the sandbox", "err", cerr)
+	if cfg.Transport == server.Stdio {
+		err = srv.ServeStdio(ctx, stdin, stdout)
+	} else {
+		err = srv.ServeHTTP(ctx, ln)
 	}
 	if err != nil && ctx.Err() == nil {
 		fmt.Fprintln(stderr, "mcp-exec serve:", err)

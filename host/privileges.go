@@ -1,9 +1,10 @@
-package runtime
+package host
 
 import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -28,6 +29,10 @@ import (
 //     --userns-remap, Kubernetes hostUsers: false) is not root over the
 //     host's cgroups either: the cgroup files are owned by an unmapped uid.
 
+// CgroupRoot is the cgroup (under every hierarchy) below which the
+// runtimes create one cgroup per server instance.
+const CgroupRoot = "mcp-exec"
+
 // requiredCaps are the effective capabilities each runtime needs, with
 // why. Measured here by dropping one capability at a time from root's
 // bounding set (setpriv --bounding-set=-CAP) and running a sandbox that
@@ -36,7 +41,7 @@ import (
 // libcontainer leaves the code's bounding set full (CapBnd
 // 000001fffefffeff), and without CAP_KILL it cannot kill a timed-out
 // sandbox of uid 65532, so the call hangs.
-var requiredCaps = map[Kind][]struct{ name, why string }{
+var requiredCaps = map[Runtime][]struct{ name, why string }{
 	Libcontainer: {
 		{"CAP_SYS_ADMIN", "namespaces, mounts, pivot_root"},
 		{"CAP_NET_ADMIN", "bringing up lo in the sandbox's network namespace"},
@@ -55,63 +60,73 @@ var requiredCaps = map[Kind][]struct{ name, why string }{
 	},
 }
 
-// dockerFix and kubernetesFix are the minimal settings that give each
-// runtime what it needs when mcp-exec itself runs in a container.
-func dockerFix(kind Kind) string {
+// ContainerFix is how a server inside a container gets the privileges a
+// runtime needs from its container engine.
+type ContainerFix struct {
+	Docker     string `json:"docker"`
+	Kubernetes string `json:"kubernetes"`
+}
+
+// FixInContainer returns the minimal engine settings that give kind what it
+// needs when mcp-exec itself runs in a container.
+func FixInContainer(kind Runtime) ContainerFix {
 	// docker's default set has SETUID, SETGID, SETPCAP, SYS_CHROOT, KILL.
 	caps := "--cap-add SYS_ADMIN --cap-add NET_ADMIN"
+	kcaps := "[SYS_ADMIN, NET_ADMIN, SYS_CHROOT, SETUID, SETGID, SETPCAP, KILL]"
+	// A user namespace may mount /proc only where the engine has not
+	// masked parts of its own /proc: systempaths=unconfined, procMount
+	// Unmasked.
+	extra, kextra := " --security-opt systempaths=unconfined", ", procMount: Unmasked"
 	if kind == Runsc {
-		caps = "--cap-add SYS_ADMIN"
+		caps, kcaps, extra, kextra = "--cap-add SYS_ADMIN", "[SYS_ADMIN, SYS_CHROOT, SETUID, SETGID, KILL]", "", ""
 	}
-	return "docker run --user 0:0 " + caps + " --security-opt seccomp=unconfined --security-opt apparmor=unconfined " +
-		"--cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw"
+	return ContainerFix{
+		Docker: "docker run --user 0:0 " + caps + " --security-opt seccomp=unconfined --security-opt apparmor=unconfined" + extra +
+			" --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw",
+		Kubernetes: "securityContext: {runAsUser: 0, runAsNonRoot: false, capabilities: {add: " + kcaps + "}, " +
+			"seccompProfile: {type: Unconfined}, appArmorProfile: {type: Unconfined}" + kextra + "} and a read-write hostPath volume " +
+			"of /sys/fs/cgroup mounted at /sys/fs/cgroup; or run the pod under a gVisor RuntimeClass with MCP_EXEC_RUNTIME=auto",
+	}
 }
 
-func kubernetesFix(kind Kind) string {
-	caps := "[SYS_ADMIN, NET_ADMIN, SYS_CHROOT, SETUID, SETGID, SETPCAP, KILL]"
-	if kind == Runsc {
-		caps = "[SYS_ADMIN, SYS_CHROOT, SETUID, SETGID, KILL]"
-	}
-	return "securityContext: {runAsUser: 0, runAsNonRoot: false, capabilities: {add: " + caps + "}, " +
-		"seccompProfile: {type: Unconfined}, appArmorProfile: {type: Unconfined}} and a read-write hostPath volume " +
-		"of /sys/fs/cgroup mounted at /sys/fs/cgroup; or run the pod under a gVisor RuntimeClass"
-}
-
-// missingPrivileges lists, with the fix, what this process lacks to create
-// the full sandbox with the given runtime. Empty means nothing.
-func (h Host) missingPrivileges(kind Kind) []string {
-	var missing []string
-	fix := fmt.Sprintf("(docker: %s; Kubernetes: %s)", dockerFix(kind), kubernetesFix(kind))
+// missingPrivileges lists what this process lacks to create the full
+// sandbox with the given runtime. Empty means nothing.
+func (h Host) missingPrivileges(kind Runtime) []Missing {
+	var missing []Missing
 	switch {
 	case h.EUID != 0:
-		missing = append(missing, fmt.Sprintf("root: mcp-exec runs as uid %d, and the %s runtime needs uid 0 in the host's "+
-			"user namespace to create each sandbox's namespaces, mounts and cgroups; no rootless mode gives the full "+
-			"sandbox, because without a writable cgroup nothing enforces the memory, pids and CPU limits, so mcp-exec "+
-			"refuses instead; run the server as root %s", h.EUID, kind, fix))
+		missing = append(missing, Missing{What: "root", Privilege: true,
+			Why: fmt.Sprintf("mcp-exec runs as uid %d, and the %s runtime needs uid 0 in the host's user namespace to create "+
+				"each sandbox's namespaces, mounts and cgroups; no rootless mode gives the full sandbox, because without a "+
+				"writable cgroup nothing enforces the memory, pids and CPU limits, so mcp-exec refuses instead", h.EUID, kind),
+			Fix: "run the server as root"})
 	case !h.InitialUserNS:
-		missing = append(missing, fmt.Sprintf("real root: mcp-exec is uid 0 only inside a user namespace (uid_map \"%s\"): "+
-			"the sandbox's uid 65532 exists there only if mapped, no device node can be created, and the host's "+
-			"cgroups, which enforce the memory, pids and CPU limits, are writable only when host root itself is mapped; "+
-			"run it as root of the host's user namespace, not under unshare --user, docker --userns-remap or "+
-			"Kubernetes hostUsers: false %s", h.UIDMap, fix))
+		missing = append(missing, Missing{What: "real root", Privilege: true,
+			Why: fmt.Sprintf("mcp-exec is uid 0 only inside a user namespace (uid_map \"%s\"): the sandbox's uid 65532 exists "+
+				"there only if mapped, no device node can be created, and the host's cgroups, which enforce the memory, "+
+				"pids and CPU limits, are writable only when host root itself is mapped", h.UIDMap),
+			Fix: "run it as root of the host's user namespace, not under unshare --user, docker --userns-remap or Kubernetes hostUsers: false"})
 	default:
 		var lacking, whys []string
 		for _, c := range requiredCaps[kind] {
-			if !contains(h.Capabilities, c.name) {
+			if !slices.Contains(h.Capabilities, c.name) {
 				lacking = append(lacking, c.name)
 				whys = append(whys, c.why)
 			}
 		}
 		if len(lacking) > 0 {
-			missing = append(missing, fmt.Sprintf("capabilities: %s missing from the effective set (needed for %s) %s",
-				strings.Join(lacking, ", "), strings.Join(whys, "; "), fix))
+			missing = append(missing, Missing{What: "capabilities " + strings.Join(lacking, ", "), Privilege: true,
+				Why: "missing from the effective set (needed for " + strings.Join(whys, "; ") + ")",
+				Fix: "grant them to the server"})
 		}
 	}
 	if h.EUID == 0 && h.InitialUserNS {
-		for _, c := range requiredControllers {
-			if contains(h.CgroupControllers, c) && !contains(h.CgroupWritable, c) {
-				missing = append(missing, fmt.Sprintf("writable cgroup %q: %s is read-only to this process, so the %s "+
-					"limit could not be enforced %s", c, cgroupHierarchy(h.CgroupVersion, c), limitName(c), fix))
+		for _, c := range RequiredControllers() {
+			if slices.Contains(h.CgroupControllers, c) && !slices.Contains(h.CgroupWritable, c) {
+				missing = append(missing, Missing{What: fmt.Sprintf("writable cgroup %q", c), Privilege: true,
+					Why: fmt.Sprintf("%s is read-only to this process, so the %s limit could not be enforced",
+						cgroupHierarchy(h.CgroupVersion, c), limitName(c)),
+					Fix: "mount the host's cgroup hierarchy read-write"})
 			}
 		}
 	}
@@ -123,8 +138,8 @@ func (h Host) missingPrivileges(kind Kind) []string {
 // runtime can enforce here.
 func (h Host) EnforceableLimits() []string {
 	limits := []string{}
-	for _, c := range requiredControllers {
-		if contains(h.CgroupControllers, c) && contains(h.CgroupWritable, c) {
+	for _, c := range RequiredControllers() {
+		if slices.Contains(h.CgroupControllers, c) && slices.Contains(h.CgroupWritable, c) {
 			limits = append(limits, c)
 		}
 	}
@@ -133,12 +148,13 @@ func (h Host) EnforceableLimits() []string {
 
 // missingControllers lists the controllers that enforce a limit and are
 // not available at all.
-func (h Host) missingControllers() []string {
-	var missing []string
-	for _, c := range requiredControllers {
-		if !contains(h.CgroupControllers, c) {
-			missing = append(missing, fmt.Sprintf("cgroup controller %q: not available (%s), so the %s limit could not be "+
-				"enforced; mount it, or on cgroup v2 enable it in the parent's cgroup.subtree_control", c, h.CgroupVersion, limitName(c)))
+func (h Host) missingControllers() []Missing {
+	var missing []Missing
+	for _, c := range RequiredControllers() {
+		if !slices.Contains(h.CgroupControllers, c) {
+			missing = append(missing, Missing{What: fmt.Sprintf("cgroup controller %q", c),
+				Why: fmt.Sprintf("not available (%s), so the %s limit could not be enforced", h.CgroupVersion, limitName(c)),
+				Fix: "mount it, or on cgroup v2 enable it in the parent's cgroup.subtree_control"})
 		}
 	}
 	return missing
@@ -201,13 +217,13 @@ func probeUserNS() (uidMap string, initial bool) {
 // this process's effective ids and capabilities, on a writable mount.
 func probeCgroupWritable(version string, available []string) []string {
 	var ok []string
-	for _, c := range requiredControllers {
-		if !contains(available, c) {
+	for _, c := range RequiredControllers() {
+		if !slices.Contains(available, c) {
 			continue
 		}
 		dir := cgroupHierarchy(version, c)
-		if _, err := os.Stat(filepath.Join(dir, cgroupRoot)); err == nil {
-			dir = filepath.Join(dir, cgroupRoot)
+		if _, err := os.Stat(filepath.Join(dir, CgroupRoot)); err == nil {
+			dir = filepath.Join(dir, CgroupRoot)
 		}
 		if unix.Faccessat(unix.AT_FDCWD, dir, unix.W_OK|unix.X_OK, unix.AT_EACCESS) == nil {
 			ok = append(ok, c)

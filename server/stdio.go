@@ -1,18 +1,37 @@
-package main
+package server
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
+
+// ServeStdio serves MCP on in and out, one JSON-RPC message per line, until
+// in reaches EOF or ctx is done; then it kills the running calls and
+// returns once they are torn down.
+func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) error {
+	return s.Serve(ctx, stdioTransport(in, out, int(min(maxMessageBytes(s.opts), math.MaxInt32)), s.log), "stdio")
+}
+
+// Serve serves one MCP session on t until it ends or ctx is done; then it
+// kills the running calls and returns once they are torn down. client
+// names the peer in the audit log.
+func (s *Server) Serve(ctx context.Context, t mcp.Transport, client string) error {
+	s.serving(ctx)
+	defer s.drain()
+	srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: client} })
+	return srv.Run(ctx, t)
+}
 
 // stdioTransport is the SDK's newline-delimited JSON transport behind a
 // filter. The SDK ends a stdio session at the first line it cannot decode
@@ -101,7 +120,7 @@ func readLine(r *bufio.Reader, max int) (line []byte, size int, err error) {
 // would choke on, or 0.
 func checkLine(line []byte, size, maxLine int) (int64, string) {
 	if size > maxLine {
-		return jsonrpc.CodeInvalidRequest, fmt.Sprintf("message is %d bytes, over the limit of %d bytes (set by MCP_EXEC_MAX_STDIN_BYTES)", size, maxLine)
+		return jsonrpc.CodeInvalidRequest, fmt.Sprintf("message is %d bytes, over the limit of %d bytes (set by MCP_EXEC_MAX_CODE_BYTES and MCP_EXEC_MAX_STDIN_BYTES)", size, maxLine)
 	}
 	if !json.Valid(line) {
 		return jsonrpc.CodeParseError, "parse error: the line is not valid JSON"

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"encoding/json"
@@ -61,31 +61,31 @@ func (r *auditRecord) setResult(res runtime.Result, timeout time.Duration, err e
 	r.DurationMS = res.Duration.Milliseconds()
 }
 
-// auditLog writes one JSON line per call. A nil *auditLog is off.
-type auditLog struct {
+// AuditLog writes one JSON line per call. A nil *AuditLog is off.
+type AuditLog struct {
 	mu  sync.Mutex
 	w   io.Writer
 	c   io.Closer // nil for stderr
 	log *slog.Logger
 }
 
-// openAudit opens the audit log named by MCP_EXEC_AUDIT_LOG: "" is off, "-"
+// OpenAudit opens the audit log named by MCP_EXEC_AUDIT_LOG: "" is off, "-"
 // is stderr, anything else a file appended to and readable by the owner only.
-func openAudit(path string, stderr io.Writer, log *slog.Logger) (*auditLog, error) {
+func OpenAudit(path string, stderr io.Writer, log *slog.Logger) (*AuditLog, error) {
 	switch path {
 	case "":
 		return nil, nil
 	case "-":
-		return &auditLog{w: stderr, log: log}, nil
+		return &AuditLog{w: stderr, log: log}, nil
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("MCP_EXEC_AUDIT_LOG: opening %s: %w", path, err)
 	}
-	return &auditLog{w: f, c: f, log: log}, nil
+	return &AuditLog{w: f, c: f, log: log}, nil
 }
 
-func (a *auditLog) write(r auditRecord) {
+func (a *AuditLog) write(r auditRecord) {
 	if a == nil {
 		return
 	}
@@ -104,7 +104,7 @@ func (a *auditLog) write(r auditRecord) {
 	}
 }
 
-func (a *auditLog) close() error {
+func (a *AuditLog) Close() error {
 	if a == nil || a.c == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"math"
@@ -33,16 +33,16 @@ func TestHasToken(t *testing.T) {
 
 func TestMaxMessageBytes(t *testing.T) {
 	for _, tc := range []struct {
-		stdin, want int64
+		code, stdin, want int64
 	}{
-		{1 << 20, 10 << 20}, // the default: 6 MiB of escaped stdin and 4 MiB for the rest
-		{1, 6 + 4<<20},
-		{math.MaxInt64, math.MaxInt64},
+		{1 << 20, 1 << 20, 13 << 20}, // the defaults: 12 MiB of escaped code and stdin, 1 MiB for the rest
+		{1, 0, 6 + 1<<20},
+		{1, math.MaxInt64 / 2, math.MaxInt64},
 	} {
-		cfg := defaultConfig()
-		cfg.MaxStdinBytes = tc.stdin
-		if got := maxMessageBytes(cfg); got != tc.want {
-			t.Errorf("maxMessageBytes(MaxStdinBytes=%d) = %d, want %d", tc.stdin, got, tc.want)
+		o := testOptions()
+		o.MaxCodeBytes, o.MaxStdinBytes = tc.code, tc.stdin
+		if got := maxMessageBytes(o); got != tc.want {
+			t.Errorf("maxMessageBytes(code %d, stdin %d) = %d, want %d", tc.code, tc.stdin, got, tc.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -16,53 +16,71 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/sync/semaphore"
 )
 
 // maxMessageBytes bounds one incoming message (HTTP body or stdio line). It
-// never rejects a stdin the tool would accept: JSON escaping can turn one
-// byte into six (\u0000). The 4 MiB on top are for the code and the
-// envelope.
-func maxMessageBytes(cfg config) int64 {
-	const slack = 4 * mib
-	if cfg.MaxStdinBytes > (math.MaxInt64-slack)/6 {
+// never rejects an input the tool would accept: JSON escaping can turn one
+// byte of code or stdin into six (\u0001). The slack is for the envelope.
+func maxMessageBytes(o Options) int64 {
+	const slack = 1 * mib
+	n := o.MaxCodeBytes + o.MaxStdinBytes
+	if n < 0 || n > (math.MaxInt64-slack)/6 {
 		return math.MaxInt64
 	}
-	return 6*cfg.MaxStdinBytes + slack
+	return 6*n + slack
 }
 
-// serveHTTP serves MCP on ln over streamable HTTP at /mcp, or the legacy
-// HTTP+SSE transport at /sse, until ctx is done.
-func serveHTTP(ctx context.Context, ln net.Listener, cfg config, s *execServer, log, sdkLog *slog.Logger) error {
-	limit := maxMessageBytes(cfg)
+// bodyBudget bounds the bytes of all HTTP request bodies the server holds
+// at once: a body and what the SDK decodes from it live until the call's
+// answer is sent, so without a bound a client posting many large calls at
+// once would grow the server without limit. Requests beyond it wait.
+func bodyBudget(o Options) int64 {
+	return max(64*mib, 2*maxMessageBytes(o))
+}
+
+// ServeHTTP serves MCP on ln over streamable HTTP at /mcp, or the legacy
+// HTTP+SSE transport at /sse, until ctx is done. Then it kills the running
+// calls, answers them, and returns.
+func (s *Server) ServeHTTP(ctx context.Context, ln net.Listener) error {
+	s.serving(ctx)
+	defer s.drain()
+	limit := maxMessageBytes(s.opts)
 	var path string
 	var handler http.Handler
-	switch cfg.Transport {
-	case "http":
+	switch s.opts.Transport {
+	case HTTP:
 		path = "/mcp"
 		live := &liveRequests{m: map[string]*liveRequest{}}
-		srv := s.mcpServer(live.originOf, sdkLog)
+		srv := s.mcpServer(live.originOf)
 		// The SDK's localhost DNS-rebinding protection stays on; its body
 		// limit is an http.MaxBytesReader.
 		handler = live.track(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
-			&mcp.StreamableHTTPOptions{Logger: sdkLog, MaxRequestBodyBytes: limit}))
-	case "sse":
+			&mcp.StreamableHTTPOptions{
+				Logger:              s.opts.SDKLogger,
+				MaxRequestBodyBytes: limit,
+				SessionTimeout:      s.opts.SessionIdle,
+				Stateless:           s.opts.Stateless,
+			}))
+	case SSE:
 		path = "/sse"
 		// A legacy session lives exactly as long as its GET stream, so each
 		// GET gets its own MCP server whose calls die with that stream.
 		handler = mcp.NewSSEHandler(func(r *http.Request) *mcp.Server {
 			o := origin{ctx: r.Context(), client: r.RemoteAddr}
-			return s.mcpServer(func(*mcp.CallToolRequest) origin { return o }, sdkLog)
+			return s.mcpServer(func(*mcp.CallToolRequest) origin { return o })
 		}, &mcp.SSEOptions{MaxRequestBodyBytes: limit})
 	default:
-		return fmt.Errorf("MCP_EXEC_TRANSPORT: unknown transport %q", cfg.Transport)
+		return fmt.Errorf("MCP_EXEC_TRANSPORT: %q is not an HTTP transport", s.opts.Transport)
 	}
+	handler = limitBodies(handler, limit, semaphore.NewWeighted(bodyBudget(s.opts)))
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok")
 	})
-	mux.Handle(path, requireToken(cfg.AuthToken, handler, log))
+	mux.Handle(path, requireToken(s.opts.AuthToken, handler, s.log))
 	hs := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -72,12 +90,13 @@ func serveHTTP(ctx context.Context, ln net.Listener, cfg config, s *execServer, 
 		IdleTimeout:    2 * time.Minute,
 		MaxHeaderBytes: 64 << 10,
 		// Requests outlive the signal: a shutdown first kills the running
-		// calls (through the exec server's root context), lets each answer
-		// its client with an error, and only then closes connections.
+		// calls (through the server's root context), lets each answer its
+		// client with an error, and only then closes connections.
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
-	log.Info("serving", "transport", cfg.Transport, "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String()+path)
+	s.log.Info("serving", "transport", s.opts.Transport, "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String()+path,
+		"stateless", s.opts.Transport == HTTP && s.opts.Stateless)
 
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
@@ -99,6 +118,32 @@ func serveHTTP(ctx context.Context, ln net.Listener, cfg config, s *execServer, 
 		return err
 	}
 	return nil
+}
+
+// limitBodies refuses a body declared over limit at once, and holds a
+// request whose body would take the server's bodies over budget until
+// others are done. A body of unknown length weighs the limit.
+func limitBodies(next http.Handler, limit int64, budget *semaphore.Weighted) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			next.ServeHTTP(w, r)
+			return
+		}
+		weight := r.ContentLength
+		switch {
+		case weight > limit:
+			http.Error(w, fmt.Sprintf("request body is %d bytes, over the limit of %d bytes (set by MCP_EXEC_MAX_CODE_BYTES and MCP_EXEC_MAX_STDIN_BYTES)", weight, limit), http.StatusRequestEntityTooLarge)
+			return
+		case weight < 0:
+			weight = limit
+		}
+		weight = max(weight, 1)
+		if err := budget.Acquire(r.Context(), weight); err != nil {
+			return // the client is gone
+		}
+		defer budget.Release(weight)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // requireToken lets a request through only with the token, as

@@ -16,11 +16,12 @@ import (
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
+	"github.com/inhuman/mcp-exec/server"
 )
 
-// sandbox wires rootfs, bundle and runtime together: it is what the exec
-// tool and the run subcommand call.
-type sandbox struct {
+// engine wires rootfs, bundle and runtime together: it is the server's
+// Engine and what the run subcommand calls.
+type engine struct {
 	rt            runtime.Runtime
 	bundleCfg     bundle.Config
 	pythonVersion string
@@ -31,9 +32,9 @@ type sandbox struct {
 // CLI reports with exit status 125.
 var errSandboxStart = errors.New("sandbox unavailable")
 
-// newSandbox creates the runtime (refusing when the host cannot give the
+// newEngine creates the runtime (refusing when the host cannot give the
 // full sandbox) and finds or builds the rootfs.
-func newSandbox(ctx context.Context, cfg config, log *slog.Logger) (_ *sandbox, retErr error) {
+func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, retErr error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -52,7 +53,7 @@ func newSandbox(ctx context.Context, cfg config, log *slog.Logger) (_ *sandbox, 
 			rt.Close()
 		}
 	}()
-	s := &sandbox{rt: rt, log: log}
+	s := &engine{rt: rt, log: log}
 
 	dir := cfg.Rootfs
 	if dir == "" {
@@ -94,11 +95,11 @@ func newSandbox(ctx context.Context, cfg config, log *slog.Logger) (_ *sandbox, 
 
 // validateRootfs runs the interpreter inside a real sandbox on dir and
 // returns its version: a rootfs that cannot run Python there is refused.
-func (s *sandbox) validateRootfs(ctx context.Context, dir string, limits policy.Limits) (string, error) {
+func (s *engine) validateRootfs(ctx context.Context, dir string, limits policy.Limits) (string, error) {
 	bcfg := bundle.Config{Rootfs: dir, Python: rootfs.PythonPath, Limits: limits}
 	probe := "import sys, json, sqlite3, ssl, decimal, ctypes, multiprocessing\n" +
 		"print('%d.%d.%d' % sys.version_info[:3])\n"
-	res, err := s.runWith(ctx, bcfg, []byte(probe), nil, 60*time.Second, 64<<10)
+	res, err := s.runWith(ctx, bcfg, runtime.Request{Code: []byte(probe), Timeout: 60 * time.Second, MaxOutputBytes: 64 << 10})
 	if err != nil {
 		return "", err
 	}
@@ -109,20 +110,25 @@ func (s *sandbox) validateRootfs(ctx context.Context, dir string, limits policy.
 	return strings.TrimSpace(string(res.Stdout)), nil
 }
 
-// run runs code in a fresh container.
-func (s *sandbox) run(ctx context.Context, code, stdin []byte, timeout time.Duration, maxOutput int64) (runtime.Result, error) {
-	return s.runWith(ctx, s.bundleCfg, code, stdin, timeout, maxOutput)
+// Run runs one call in a fresh container.
+func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	return s.runWith(ctx, s.bundleCfg, req)
 }
 
-func (s *sandbox) runWith(ctx context.Context, bcfg bundle.Config, code, stdin []byte, timeout time.Duration, maxOutput int64) (runtime.Result, error) {
-	b, err := bundle.New(s.rt.BundleDir(), bcfg, bundle.Input{ID: uuid.NewString(), Code: code})
+// Info describes the sandbox for the tool description.
+func (s *engine) Info() server.EngineInfo {
+	return server.EngineInfo{Runtime: string(s.rt.Kind()), PythonVersion: s.pythonVersion}
+}
+
+func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Request) (runtime.Result, error) {
+	b, err := bundle.New(s.rt.BundleDir(), bcfg, bundle.Input{ID: uuid.NewString(), Code: req.Code})
 	if err != nil {
 		return runtime.Result{}, fmt.Errorf("%w: creating bundle: %w", runtime.ErrSandbox, err)
 	}
-	return runtime.Run(ctx, s.rt, b, runtime.Request{Stdin: stdin, Timeout: timeout, MaxOutputBytes: maxOutput})
+	return runtime.Run(ctx, s.rt, b, req)
 }
 
-func (s *sandbox) close() error { return s.rt.Close() }
+func (s *engine) close() error { return s.rt.Close() }
 
 func lastLines(b []byte, n int) string {
 	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))

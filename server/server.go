@@ -1,0 +1,598 @@
+// Package server is the MCP face of mcp-exec: the exec tool, its input
+// checks and output, and the stdio, streamable HTTP and legacy SSE
+// transports. It runs calls on an Engine and knows nothing of how a sandbox
+// is made.
+//
+// Invariants a maintainer must keep:
+//   - invalid input is a tool error (isError) whose message names the field
+//     and the limit (and its MCP_EXEC_* variable); whatever the code did —
+//     a non-zero exit, a timeout, an OOM kill — is a result;
+//   - the server keeps serving after any call, good or bad, and the state it
+//     keeps for a client is bounded: calls waiting for a slot (MaxQueued),
+//     message sizes, HTTP bodies being read, idle sessions;
+//   - a call whose client is gone (cancellation, closed stdio, vanished HTTP
+//     connection, deleted session, server shutdown) has its sandbox killed at
+//     once;
+//   - nothing of the code, stdin or output reaches the logs or the audit
+//     log: metadata only.
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+const mib = 1 << 20
+
+// Engine runs one call in a fresh sandbox. It is all the server needs of
+// the sandbox.
+type Engine interface {
+	// Run runs req once. It returns an error wrapping runtime.ErrSandbox
+	// when the sandbox could not run; whatever the code did is a Result.
+	Run(ctx context.Context, req runtime.Request) (runtime.Result, error)
+	// Info describes what a call gets, for the tool description.
+	Info() EngineInfo
+}
+
+// EngineInfo is what the tool description and the output's runtime field
+// say about the sandbox.
+type EngineInfo struct {
+	// Runtime names the runtime that runs the calls.
+	Runtime string
+	// PythonVersion is the sandbox's Python, e.g. "3.11.2".
+	PythonVersion string
+	// Modules are the importable top-level modules beyond the standard
+	// library.
+	Modules []string
+	// Shell: /bin/sh and the common command-line tools exist.
+	Shell bool
+	// Note is a sentence the description adds, e.g. what isolation a
+	// weaker runtime gives.
+	Note string
+}
+
+// Options configure a Server. Units are in the names.
+type Options struct {
+	DefaultTimeout time.Duration
+	MaxTimeout     time.Duration
+	MaxOutputBytes int64
+	MaxStdinBytes  int64
+	MaxCodeBytes   int64
+	// Limits are the sandbox's resource limits, for the description and
+	// the audit log.
+	Limits policy.Limits
+	// MaxConcurrency calls run at once; MaxQueued more wait for a slot and
+	// any further one is refused.
+	MaxConcurrency int
+	MaxQueued      int
+	// Progress is the interval of progress notifications.
+	Progress time.Duration
+
+	// Transport, AuthToken and the rest below configure the HTTP
+	// transports.
+	Transport Transport
+	AuthToken string
+	// SessionIdle closes a streamable HTTP session idle this long.
+	SessionIdle time.Duration
+	// Stateless serves streamable HTTP without sessions.
+	Stateless bool
+
+	// Version is the server's version, as the MCP handshake reports it.
+	Version string
+	// Audit, when not nil, gets one record per call.
+	Audit *AuditLog
+	// Logger receives the server's logs (metadata only), SDKLogger the
+	// go-sdk's; nil discards.
+	Logger, SDKLogger *slog.Logger
+}
+
+// Transport is how the server speaks MCP.
+type Transport string
+
+const (
+	Stdio Transport = "stdio"
+	HTTP  Transport = "http"
+	SSE   Transport = "sse"
+)
+
+// ParseTransport parses a transport name as given in configuration.
+func ParseTransport(s string) (Transport, error) {
+	switch t := Transport(s); t {
+	case Stdio, HTTP, SSE:
+		return t, nil
+	}
+	return "", fmt.Errorf("must be one of stdio, http, sse, got %q", s)
+}
+
+// Validate reports every option that is out of range, naming its variable.
+func (o Options) Validate() error {
+	var errs []error
+	if o.DefaultTimeout <= 0 || o.MaxTimeout <= 0 {
+		errs = append(errs, errors.New("MCP_EXEC_DEFAULT_TIMEOUT_S and MCP_EXEC_MAX_TIMEOUT_S must be > 0"))
+	}
+	if o.DefaultTimeout > o.MaxTimeout {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_DEFAULT_TIMEOUT_S (%s) must not exceed MCP_EXEC_MAX_TIMEOUT_S (%s)",
+			fmtSeconds(o.DefaultTimeout), fmtSeconds(o.MaxTimeout)))
+	}
+	if o.MaxOutputBytes <= 0 {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_OUTPUT_BYTES must be > 0, got %d", o.MaxOutputBytes))
+	}
+	if o.MaxStdinBytes < 0 {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_STDIN_BYTES must be ≥ 0, got %d", o.MaxStdinBytes))
+	}
+	if o.MaxCodeBytes <= 0 {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_CODE_BYTES must be > 0, got %d", o.MaxCodeBytes))
+	}
+	if o.MaxConcurrency < 1 {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_CONCURRENCY must be ≥ 1, got %d", o.MaxConcurrency))
+	}
+	if o.MaxQueued < 0 {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_QUEUED must be ≥ 0, got %d", o.MaxQueued))
+	}
+	if o.Progress <= 0 {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_PROGRESS_S must be > 0, got %v", o.Progress))
+	}
+	if o.Transport != Stdio {
+		switch {
+		case o.AuthToken == "":
+			errs = append(errs, fmt.Errorf("MCP_EXEC_AUTH_TOKEN is required with --transport %s: the server refuses to serve HTTP without a bearer token", o.Transport))
+		case len(o.AuthToken) < minTokenLen:
+			errs = append(errs, fmt.Errorf("MCP_EXEC_AUTH_TOKEN must be at least %d characters, got %d", minTokenLen, len(o.AuthToken)))
+		}
+		if o.SessionIdle <= 0 {
+			errs = append(errs, fmt.Errorf("MCP_EXEC_SESSION_IDLE_S must be > 0, got %v", o.SessionIdle))
+		}
+	}
+	if err := o.Limits.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// minTokenLen keeps a guessable token from passing for protection.
+const minTokenLen = 16
+
+// Server runs exec calls: it validates input, bounds concurrency and the
+// queue, keeps calls alive with progress and kills their sandboxes when
+// their client goes. One Server backs every MCP session of the process.
+type Server struct {
+	eng  Engine
+	info EngineInfo
+	opts Options
+	log  *slog.Logger
+	sem  chan struct{}
+	// waiting counts the calls waiting for a slot.
+	waiting atomic.Int64
+
+	mu      sync.Mutex
+	root    context.Context // done: the server is shutting down
+	closing bool
+	active  sync.WaitGroup
+}
+
+// New returns a Server running calls on eng.
+func New(eng Engine, opts Options) (*Server, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.SDKLogger == nil {
+		opts.SDKLogger = slog.New(slog.DiscardHandler)
+	}
+	return &Server{eng: eng, info: eng.Info(), opts: opts, log: opts.Logger,
+		sem: make(chan struct{}, opts.MaxConcurrency), root: context.Background()}, nil
+}
+
+// serving marks the start of serving under ctx: its end kills every call.
+func (s *Server) serving(ctx context.Context) {
+	s.mu.Lock()
+	s.root = ctx
+	s.mu.Unlock()
+}
+
+// execInput is the exec tool's input. TimeoutS is a pointer so that an
+// explicit 0 is told apart from "not given", and refused.
+type execInput struct {
+	Code     string   `json:"code"`
+	Stdin    string   `json:"stdin,omitempty"`
+	TimeoutS *float64 `json:"timeout_s,omitempty"`
+}
+
+// execOutput is the call's structuredContent. The contract's fields are
+// never renamed or removed; the rest are extras.
+type execOutput struct {
+	Stdout          string `json:"stdout" jsonschema:"what the program wrote to stdout (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	Stderr          string `json:"stderr" jsonschema:"what the program wrote to stderr (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	ExitCode        int    `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
+	TimedOut        bool   `json:"timed_out" jsonschema:"the wall-clock limit was hit and the whole container was killed"`
+	OOMKilled       bool   `json:"oom_killed" jsonschema:"the memory limit killed a process"`
+	PidsLimited     bool   `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
+	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
+	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
+	Truncated       bool   `json:"truncated" jsonschema:"stdout_truncated or stderr_truncated"`
+	DurationMS      int64  `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
+	CPUMS           int64  `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's cgroup accounts it; 0 when unknown"`
+	PeakMemoryBytes int64  `json:"peak_memory_bytes" jsonschema:"highest memory use of the container, 0 when unknown"`
+	Runtime         string `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
+}
+
+// origin is what carried a call: Done of ctx means its client is gone (nil:
+// only the SDK's own cancellation applies), client names it in the audit log.
+type origin struct {
+	ctx    context.Context
+	client string
+}
+
+// mcpServer returns an MCP server with the exec tool. originOf tells each
+// call's handler what carried it.
+func (s *Server) mcpServer(originOf func(*mcp.CallToolRequest) origin) *mcp.Server {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "mcp-exec", Title: "mcp-exec", Version: s.opts.Version}, &mcp.ServerOptions{
+		Logger: s.opts.SDKLogger,
+		// The tool list never changes, so there is nothing to notify.
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}, Logging: &mcp.LoggingCapabilities{}},
+	})
+	mcp.AddTool(srv, s.tool(), s.handler(originOf))
+	return srv
+}
+
+func (s *Server) tool() *mcp.Tool {
+	f := false
+	return &mcp.Tool{
+		Name:        "exec",
+		Title:       "Run Python in a sandbox",
+		Description: s.description(),
+		// Written out rather than inferred: the SDK would make the optional
+		// timeout_s ["null","number"], and the ranges are checked by the
+		// handler so that its errors name the limit and its variable.
+		InputSchema: map[string]any{
+			"type":     "object",
+			"required": []string{"code"},
+			"properties": map[string]any{
+				"code": map[string]any{
+					"type":        "string",
+					"description": fmt.Sprintf("Python source, run as a script (__main__); at most %d bytes. Print what you want to see.", s.opts.MaxCodeBytes),
+				},
+				"stdin": map[string]any{
+					"type":        "string",
+					"description": fmt.Sprintf("fed to the program's standard input, then EOF; at most %d bytes", s.opts.MaxStdinBytes),
+				},
+				"timeout_s": map[string]any{
+					"type": "number",
+					"description": fmt.Sprintf("wall-clock limit in seconds, > 0 and ≤ %s; default %s",
+						fmtSeconds(s.opts.MaxTimeout), fmtSeconds(s.opts.DefaultTimeout)),
+				},
+			},
+		},
+		Annotations: &mcp.ToolAnnotations{
+			ReadOnlyHint:    false,
+			DestructiveHint: &f, // each call gets a fresh container; nothing outside it changes
+			IdempotentHint:  false,
+			OpenWorldHint:   &f, // no network
+		},
+	}
+}
+
+// description tells the model what it is dealing with, from the live
+// configuration.
+func (s *Server) description() string {
+	o, info := s.opts, s.info
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run Python %s code in a fresh, locked-down sandbox: every call gets a new one, torn down afterwards, so nothing persists between calls. ", info.PythonVersion)
+	b.WriteString("The code runs as a script (__main__) and its stdout, stderr and exit code are returned; print what you want to see. ")
+	fmt.Fprintf(&b, "There is no network access. The filesystem is read-only except /tmp (the working directory, a %d MiB tmpfs). ", o.Limits.TmpfsBytes/mib)
+	if len(info.Modules) == 0 {
+		b.WriteString("Only the Python standard library is available. ")
+	} else {
+		fmt.Fprintf(&b, "Importable beyond the standard library: %s. ", strings.Join(info.Modules, ", "))
+	}
+	if info.Shell {
+		b.WriteString("A POSIX shell (/bin/sh) and the common command-line tools exist, so os.system and subprocess with shell=True work. ")
+	} else {
+		b.WriteString("There is no shell: run programs with subprocess and an argument list. ")
+	}
+	fmt.Fprintf(&b, "Limits per call: %d MiB of memory, %d processes/threads, %s CPU; a wall-clock timeout of %s s by default, up to %s s with timeout_s; stdout and stderr are each cut at %d bytes; stdin up to %d bytes. ",
+		o.Limits.MemoryBytes/mib, o.Limits.Pids, strconv.FormatFloat(o.Limits.CPUs, 'f', -1, 64),
+		fmtSeconds(o.DefaultTimeout), fmtSeconds(o.MaxTimeout), o.MaxOutputBytes, o.MaxStdinBytes)
+	b.WriteString("A non-zero exit, a timeout or hitting the memory limit is a normal result (exit_code, timed_out, oom_killed), not an error.")
+	if info.Note != "" {
+		b.WriteString(" " + info.Note)
+	}
+	return b.String()
+}
+
+// inputError is invalid input: the caller's to fix, its message names the
+// field and the limit.
+type inputError struct{ err error }
+
+func (e *inputError) Error() string { return e.err.Error() }
+
+// errBusy refuses a call when MaxQueued others already wait for a slot.
+var errBusy = errors.New("server busy")
+
+// handler is the exec tool. Invalid input and a sandbox that could not run
+// are tool errors (isError); whatever the code did is a result.
+func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHandlerFor[execInput, execOutput] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in execInput) (*mcp.CallToolResult, execOutput, error) {
+		o := originOf(req)
+		rec := s.newRecord(o.client, in)
+		root, ok := s.enter()
+		if !ok {
+			rec.Error = "server shutting down"
+			s.opts.Audit.write(rec)
+			return nil, execOutput{}, errors.New("the server is shutting down")
+		}
+		defer s.active.Done()
+
+		// The SDK cancels ctx on notifications/cancelled and when a stdio
+		// client goes; a shutdown or a vanished HTTP client must kill the
+		// container too.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(root, cancel)()
+		if o.ctx != nil {
+			defer context.AfterFunc(o.ctx, cancel)()
+		}
+
+		res, timeout, err := s.exec(ctx, req, in)
+		rec.setResult(res, timeout, err)
+		s.opts.Audit.write(rec)
+		s.log.Info("exec", "call", rec.CallID, "client", rec.Client, "code_bytes", rec.CodeBytes,
+			"stdin_bytes", rec.StdinBytes, "exit_code", res.ExitCode, "timed_out", res.TimedOut,
+			"oom_killed", res.OOMKilled, "duration", res.Duration, "err", err)
+
+		var inErr *inputError
+		switch {
+		case errors.As(err, &inErr):
+			return nil, execOutput{}, inErr
+		case errors.Is(err, errBusy):
+			return nil, execOutput{}, err
+		case err != nil && ctx.Err() != nil:
+			// Cancelled: nobody is waiting for an answer.
+			return nil, execOutput{}, fmt.Errorf("call cancelled: %w", context.Cause(ctx))
+		case errors.Is(err, runtime.ErrSandbox):
+			// The details are host paths and runtime internals: the
+			// operator's, not the client's.
+			s.log.Error("sandbox could not run", "call", rec.CallID, "err", err)
+			return nil, execOutput{}, fmt.Errorf("the sandbox could not run this call, a problem of the server rather than of the code; the server log has the details under call %s", rec.CallID)
+		case err != nil:
+			// The code ran and its verdict stands; the runtime failed only
+			// afterwards, tearing down. That is the operator's to look into.
+			s.log.Error("exec teardown", "call", rec.CallID, "err", err)
+		}
+		out := outputOf(res, s.info.Runtime)
+		return &mcp.CallToolResult{
+			Content: []mcp.Content{&mcp.TextContent{Text: summary(out, timeout, s.opts)}},
+		}, out, nil
+	}
+}
+
+// exec validates the input, waits for a free slot and runs the code.
+func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInput) (runtime.Result, time.Duration, error) {
+	timeout, err := s.validate(in)
+	if err != nil {
+		return runtime.Result{}, 0, &inputError{err}
+	}
+	var running atomic.Bool
+	defer s.progress(ctx, req, &running)()
+
+	if err := s.acquire(ctx); err != nil {
+		return runtime.Result{}, timeout, err
+	}
+	defer func() { <-s.sem }()
+	running.Store(true)
+	res, err := s.eng.Run(ctx, runtime.Request{
+		Code:           []byte(in.Code),
+		Stdin:          []byte(in.Stdin),
+		Timeout:        timeout,
+		MaxOutputBytes: s.opts.MaxOutputBytes,
+	})
+	return res, timeout, err
+}
+
+// acquire takes a slot, waiting for one when MaxQueued others do not wait
+// already.
+func (s *Server) acquire(ctx context.Context) error {
+	select {
+	case s.sem <- struct{}{}:
+		return nil
+	default:
+	}
+	if n := s.waiting.Add(1); n > int64(s.opts.MaxQueued) {
+		s.waiting.Add(-1)
+		return fmt.Errorf("%w: %d calls are running and %d are waiting for a slot, the most allowed (MCP_EXEC_MAX_CONCURRENCY=%d, MCP_EXEC_MAX_QUEUED=%d); try again later",
+			errBusy, s.opts.MaxConcurrency, s.opts.MaxQueued, s.opts.MaxConcurrency, s.opts.MaxQueued)
+	}
+	defer s.waiting.Add(-1)
+	select {
+	case s.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// validate checks the input against the configured limits; every message
+// names the field and the limit.
+func (s *Server) validate(in execInput) (time.Duration, error) {
+	if in.Code == "" {
+		return 0, errors.New("code is required and must be non-empty")
+	}
+	if n := int64(len(in.Code)); n > s.opts.MaxCodeBytes {
+		return 0, fmt.Errorf("code is %d bytes, over the limit of %d (MCP_EXEC_MAX_CODE_BYTES)", n, s.opts.MaxCodeBytes)
+	}
+	if i := strings.IndexByte(in.Code, 0); i >= 0 {
+		// The interpreter stops reading a script at a NUL byte and runs
+		// what came before: refuse rather than run half of the code.
+		return 0, fmt.Errorf("code contains a NUL byte at offset %d; Python would silently stop reading there", i)
+	}
+	if n := int64(len(in.Stdin)); n > s.opts.MaxStdinBytes {
+		return 0, fmt.Errorf("stdin is %d bytes, over the limit of %d (MCP_EXEC_MAX_STDIN_BYTES)", n, s.opts.MaxStdinBytes)
+	}
+	if in.TimeoutS == nil {
+		return s.opts.DefaultTimeout, nil
+	}
+	f := *in.TimeoutS
+	d := time.Duration(f * float64(time.Second))
+	if !(f > 0) || d <= 0 || f > s.opts.MaxTimeout.Seconds() {
+		return 0, fmt.Errorf("timeout_s must be > 0 and ≤ %s (MCP_EXEC_MAX_TIMEOUT_S), got %s",
+			fmtSeconds(s.opts.MaxTimeout), strconv.FormatFloat(f, 'g', -1, 64))
+	}
+	return d, nil
+}
+
+// progress sends notifications/progress every Progress while the call
+// waits or runs, when the client asked for them with a progress token, so
+// that clients with a request timeout survive long runs. The returned stop
+// waits for the sender, so no notification follows the result.
+func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, running *atomic.Bool) (stop func()) {
+	token := req.Params.GetProgressToken()
+	if token == nil || req.Session == nil {
+		return func() {}
+	}
+	done, exited := make(chan struct{}), make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(s.opts.Progress)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			elapsed := time.Since(start)
+			msg := fmt.Sprintf("waiting for a free slot (%d running at most) for %s", s.opts.MaxConcurrency, elapsed.Round(time.Second))
+			if running.Load() {
+				msg = fmt.Sprintf("running for %s", elapsed.Round(time.Second))
+			}
+			err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+				ProgressToken: token,
+				Progress:      elapsed.Seconds(), // elapsed time only grows, as progress must
+				Message:       msg,
+			})
+			if err != nil {
+				s.log.Debug("sending progress", "err", err)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
+}
+
+// enter registers a call and returns the context whose end kills it,
+// unless the server is shutting down.
+func (s *Server) enter() (context.Context, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return nil, false
+	}
+	s.active.Add(1)
+	return s.root, true
+}
+
+// drain refuses new calls and waits for the running ones, whose contexts
+// the shutdown has cancelled, to finish tearing down.
+func (s *Server) drain() {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.active.Wait()
+}
+
+func (s *Server) newRecord(client string, in execInput) auditRecord {
+	sum := sha256.Sum256([]byte(in.Code))
+	l := s.opts.Limits
+	return auditRecord{
+		Time:       time.Now().UTC(),
+		CallID:     uuid.NewString(),
+		Client:     client,
+		CodeSHA256: hex.EncodeToString(sum[:]),
+		CodeBytes:  len(in.Code),
+		StdinBytes: len(in.Stdin),
+		Runtime:    s.info.Runtime,
+		Limits: auditLimits{
+			MemoryBytes:    l.MemoryBytes,
+			Pids:           l.Pids,
+			CPUs:           l.CPUs,
+			TmpfsBytes:     l.TmpfsBytes,
+			MaxOutputBytes: s.opts.MaxOutputBytes,
+		},
+	}
+}
+
+func outputOf(res runtime.Result, runtimeName string) execOutput {
+	return execOutput{
+		Stdout:          strings.ToValidUTF8(string(res.Stdout), "\uFFFD"),
+		Stderr:          strings.ToValidUTF8(string(res.Stderr), "\uFFFD"),
+		ExitCode:        res.ExitCode,
+		TimedOut:        res.TimedOut,
+		OOMKilled:       res.OOMKilled,
+		PidsLimited:     res.PidsLimitHit,
+		StdoutTruncated: res.StdoutTruncated,
+		StderrTruncated: res.StderrTruncated,
+		Truncated:       res.StdoutTruncated || res.StderrTruncated,
+		DurationMS:      res.Duration.Milliseconds(),
+		CPUMS:           res.CPUTime.Milliseconds(),
+		PeakMemoryBytes: res.PeakMemoryBytes,
+		Runtime:         runtimeName,
+	}
+}
+
+// summary is the text block: the verdict on one line, then the output.
+func summary(out execOutput, timeout time.Duration, o Options) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "exit code %d", out.ExitCode)
+	if out.TimedOut {
+		fmt.Fprintf(&b, "; timed out after %s s, the container was killed", fmtSeconds(timeout))
+	}
+	if out.OOMKilled {
+		fmt.Fprintf(&b, "; killed by the memory limit (%d MiB)", o.Limits.MemoryBytes/mib)
+	}
+	if out.PidsLimited {
+		fmt.Fprintf(&b, "; hit the process limit (%d)", o.Limits.Pids)
+	}
+	if out.StdoutTruncated {
+		fmt.Fprintf(&b, "; stdout truncated at %d bytes", o.MaxOutputBytes)
+	}
+	if out.StderrTruncated {
+		fmt.Fprintf(&b, "; stderr truncated at %d bytes", o.MaxOutputBytes)
+	}
+	fmt.Fprintf(&b, " (%d ms)\n", out.DurationMS)
+	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {
+		if s.text == "" {
+			continue
+		}
+		fmt.Fprintf(&b, "--- %s ---\n%s", s.name, s.text)
+		if !strings.HasSuffix(s.text, "\n") {
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+func fmtSeconds(d time.Duration) string {
+	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
+}
