@@ -5,10 +5,14 @@
 # (the tests run "go build" too).
 export PATH := /usr/local/go/bin:$(PATH)
 GO        ?= go
-TAGS      := seccomp
+# netgo and osusergo keep the static link free of glibc's NSS.
+TAGS      := seccomp netgo osusergo
 export CGO_ENABLED := 1
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -s -w -X main.version=$(VERSION)
+# Static: the binary is also the sandbox's init, which runs inside the
+# sandbox's root filesystem (see runtime/sandboxinit.go).
+STATIC    := -extldflags=-static
+LDFLAGS   := -s -w -X main.version=$(VERSION) $(STATIC)
 BIN       := bin/mcp-exec
 
 .PHONY: build test unit integration e2e run bench vet clean
@@ -16,17 +20,17 @@ BIN       := bin/mcp-exec
 build: $(BIN)
 
 $(BIN): $(shell find . -name '*.go' -not -path './node_modules/*') go.mod go.sum
-	$(GO) build -tags $(TAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/mcp-exec
+	$(GO) build -tags '$(TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/mcp-exec
 
 # vet also fails on unformatted files: gofmt -l prints them.
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet -tags $(TAGS) ./...
+	$(GO) vet -tags '$(TAGS)' ./...
 
 # test runs everything: unit tests, real containers (root), and the MCP
 # end-to-end suites. Under CI=true a missing prerequisite fails.
 test: build vet
-	$(GO) test -tags $(TAGS) -count=1 -timeout 20m ./...
+	$(GO) test -tags '$(TAGS)' -ldflags '$(STATIC)' -count=1 -timeout 20m ./...
 	test/e2e/run.sh
 
 # e2e: the built binary with the official MCP TypeScript SDK client and the
@@ -35,14 +39,14 @@ e2e: build
 	test/e2e/run.sh
 
 unit:
-	$(GO) test -tags $(TAGS) -count=1 -short ./...
+	$(GO) test -tags '$(TAGS)' -ldflags '$(STATIC)' -count=1 -short ./...
 
 # run: a sandboxed hello from the shell.
 run: build
 	$(BIN) run -c 'import sys, platform; print("hello from", platform.python_version(), "in a sandbox")'
 
 bench: build
-	$(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 30x -count 1 ./runtime/ ./cmd/mcp-exec/
+	$(GO) test -tags '$(TAGS)' -ldflags '$(STATIC)' -run '^$$' -bench . -benchtime 30x -count 1 ./runtime/ ./cmd/mcp-exec/
 
 clean:
 	rm -rf bin

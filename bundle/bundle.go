@@ -1,10 +1,11 @@
-// Package bundle turns the policy, one call's input and a rootfs path into an
-// OCI bundle: a runtime-spec configuration and a private directory holding
-// it and the call's code.
+// Package bundle turns the policy, the server's configuration and a rootfs
+// path into an OCI bundle: a runtime-spec configuration in a private
+// directory.
 //
 // Invariants a maintainer must keep:
-//   - everything the sandbox enforces is in the spec; a runtime adds nothing
-//     but where its state lives (the cgroup path), and translates only what
+//   - everything the sandbox enforces is in the spec; a runtime adds only
+//     where its state lives (the cgroup path), which user namespace a
+//     libcontainer sandbox joins (its call slot's), and translates only what
 //     it must to give the same effect (runsc turns an ENOSYS rule for a
 //     syscall gVisor does not implement into an allow, since this runsc
 //     ignores errnoRet and gVisor answers ENOSYS itself);
@@ -12,8 +13,11 @@
 //     alone, and every value comes from policy or from the Config;
 //   - the rootfs is shared by every call and mounted read-only: nothing in
 //     the spec may need to create or change a file inside it;
-//   - the code reaches the sandbox as a read-only file, never on argv or in
-//     the environment.
+//   - pid 1 is the fixed init (the server's own static executable, bound
+//     read-only at InitPath), never the code; the code, its stdin and its
+//     files reach the sandbox only through the init's standard input, never
+//     on argv, in the environment or through a host directory, so a bundle
+//     is the same for every call and can be prepared before its call.
 //
 // The package does not know how a bundle is run.
 package bundle
@@ -23,18 +27,29 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/inhuman/mcp-exec/policy"
 )
 
-// Where the per-call code lives inside the sandbox. CodeDir is a mount
-// point every rootfs has.
+// Paths inside every sandbox. CodeDir and InitDir are mount points every
+// rootfs has.
 const (
+	// CodeDir is a small tmpfs owned by the init; the code is the script
+	// CodePath in it.
 	CodeDir  = "/code"
-	codeFile = "main.py"
-	CodePath = CodeDir + "/" + codeFile
+	CodePath = CodeDir + "/main.py"
+	// InitDir holds the init, bound read-only from the host.
+	InitDir  = "/.mcp-exec"
+	InitName = "init"
+	InitPath = InitDir + "/" + InitName
+	// InitMarker is the argument that makes the server's executable the
+	// sandbox's init (see runtime's sandboxinit.c, which must match).
+	InitMarker = "__mcp_exec_init__"
+	// OutputsDir is where the code leaves files to return.
+	OutputsDir = "/tmp/outputs"
 )
 
 // Config is what every call of one server shares.
@@ -45,14 +60,23 @@ type Config struct {
 	Python string
 	// Limits are the resource limits of each sandbox.
 	Limits policy.Limits
-}
-
-// Input is what one call brings.
-type Input struct {
-	// ID names the container, its cgroup and its bundle directory.
-	ID string
-	// Code is the Python source, run as the script __main__.
-	Code []byte
+	// InitDir is the host directory holding the init, a static executable
+	// named InitName; it is bound read-only at InitDir.
+	InitDir string
+	// MaxOutputBytes caps each of stdout and stderr, MaxFiles and
+	// MaxFileBytes the files returned from OutputsDir, and MaxCodeBytes the
+	// code: the init enforces them inside the sandbox.
+	MaxOutputBytes int64
+	MaxFiles       int
+	MaxFileBytes   int64
+	MaxCodeBytes   int64
+	// Env adds settings to policy.Env; each must be allowed by
+	// policy.EnvAllowed.
+	Env []string
+	// PackagesDir, when set, is a host directory of Python packages bound
+	// read-only at PackagesMount, a mount point the rootfs has.
+	PackagesDir   string
+	PackagesMount string
 }
 
 // Bundle is a bundle directory on disk and the spec written into it.
@@ -68,29 +92,39 @@ func (b *Bundle) ConfigPath() string { return filepath.Join(b.Dir, "config.json"
 // Validate checks a Config before any bundle is built from it.
 func (c Config) Validate() error {
 	var errs []error
-	if !filepath.IsAbs(c.Rootfs) {
-		errs = append(errs, fmt.Errorf("rootfs path must be absolute, got %q", c.Rootfs))
-	}
-	if !filepath.IsAbs(c.Python) {
-		errs = append(errs, fmt.Errorf("python path must be absolute, got %q", c.Python))
+	for _, p := range []struct{ name, path string }{{"rootfs", c.Rootfs}, {"python", c.Python}, {"init dir", c.InitDir}} {
+		if !filepath.IsAbs(p.path) {
+			errs = append(errs, fmt.Errorf("%s path must be absolute, got %q", p.name, p.path))
+		}
 	}
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.MaxOutputBytes <= 0 || c.MaxCodeBytes <= 0 || c.MaxFiles < 0 || c.MaxFileBytes < 0 {
+		errs = append(errs, fmt.Errorf("output, code and file caps must be positive, got output %d, code %d, files %d, file bytes %d",
+			c.MaxOutputBytes, c.MaxCodeBytes, c.MaxFiles, c.MaxFileBytes))
+	}
+	for _, kv := range c.Env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || !policy.EnvAllowed(k) {
+			errs = append(errs, fmt.Errorf("environment setting %q is not in the sandbox's allowlist", kv))
+		}
+	}
+	if (c.PackagesDir == "") != (c.PackagesMount == "") || (c.PackagesDir != "" && (!filepath.IsAbs(c.PackagesDir) || !filepath.IsAbs(c.PackagesMount))) {
+		errs = append(errs, fmt.Errorf("packages dir %q and its mount point %q must both be absolute paths, or both empty", c.PackagesDir, c.PackagesMount))
+	}
 	return errors.Join(errs...)
 }
 
-// New creates the bundle directory parent/<in.ID> (mode 0700) with the
-// spec in config.json and the code in a read-only file. On error nothing is
-// left behind.
-func New(parent string, cfg Config, in Input) (_ *Bundle, retErr error) {
+// New creates the bundle directory parent/<id> (mode 0700) with the spec
+// in config.json. On error nothing is left behind.
+func New(parent string, cfg Config, id string) (_ *Bundle, retErr error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if in.ID == "" || filepath.Base(in.ID) != in.ID || in.ID == "." || in.ID == ".." {
-		return nil, fmt.Errorf("invalid bundle id %q", in.ID)
+	if id == "" || filepath.Base(id) != id || id == "." || id == ".." {
+		return nil, fmt.Errorf("invalid bundle id %q", id)
 	}
-	dir := filepath.Join(parent, in.ID)
+	dir := filepath.Join(parent, id)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating bundle dir: %w", err)
 	}
@@ -99,19 +133,7 @@ func New(parent string, cfg Config, in Input) (_ *Bundle, retErr error) {
 			os.RemoveAll(dir)
 		}
 	}()
-	codeDir := filepath.Join(dir, "code")
-	if err := os.Mkdir(codeDir, 0o755); err != nil {
-		return nil, fmt.Errorf("creating code dir: %w", err)
-	}
-	// World-readable: the code runs as an unprivileged uid that must read
-	// it through the bind mount; the bundle dir above stays 0700.
-	if err := os.WriteFile(filepath.Join(codeDir, codeFile), in.Code, 0o444); err != nil {
-		return nil, fmt.Errorf("writing code: %w", err)
-	}
-	if err := os.Chmod(codeDir, 0o555); err != nil {
-		return nil, fmt.Errorf("sealing code dir: %w", err)
-	}
-	b := &Bundle{ID: in.ID, Dir: dir, Spec: Spec(cfg, codeDir)}
+	b := &Bundle{ID: id, Dir: dir, Spec: Spec(cfg)}
 	if err := b.WriteSpec(); err != nil {
 		return nil, err
 	}
@@ -131,13 +153,8 @@ func (b *Bundle) WriteSpec() error {
 	return nil
 }
 
-// Remove deletes the bundle directory. The code dir is read-only, so it is
-// made writable first; a missing dir is not an error.
+// Remove deletes the bundle directory; a missing dir is not an error.
 func (b *Bundle) Remove() error {
-	if _, err := os.Lstat(b.Dir); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	os.Chmod(filepath.Join(b.Dir, "code"), 0o700)
 	if err := os.RemoveAll(b.Dir); err != nil {
 		return fmt.Errorf("removing bundle %s: %w", b.ID, err)
 	}

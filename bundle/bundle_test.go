@@ -3,7 +3,6 @@ package bundle
 import (
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +13,8 @@ import (
 )
 
 func testConfig() Config {
-	return Config{Rootfs: "/var/cache/rootfs", Python: "/usr/bin/python3", Limits: policy.DefaultLimits()}
+	return Config{Rootfs: "/var/cache/rootfs", Python: "/usr/bin/python3", Limits: policy.DefaultLimits(),
+		InitDir: "/run/mcp-exec/x/init", MaxOutputBytes: 1 << 20, MaxFiles: 20, MaxFileBytes: 10 << 20, MaxCodeBytes: 1 << 20}
 }
 
 // applyStep runs one named step on a fresh spec.
@@ -23,7 +23,7 @@ func applyStep(t *testing.T, name string) *specs.Spec {
 	s := &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{}}
 	for _, st := range steps {
 		if st.name == name {
-			st.apply(s, testConfig(), "/bundle/code")
+			st.apply(s, testConfig())
 			return s
 		}
 	}
@@ -33,14 +33,17 @@ func applyStep(t *testing.T, name string) *specs.Spec {
 
 func TestStepProcess(t *testing.T) {
 	p := applyStep(t, "process").Process
-	if want := []string{"/usr/bin/python3", "-I", "-S", "-c", initScript}; !slices.Equal(p.Args, want) {
-		t.Errorf("Args = %v, want %v (the fixed init; the code only as a file)", p.Args, want)
+	want := []string{InitPath, InitMarker, "uid=65532", "gid=65532", "max_output=1048576", "max_files=20",
+		"max_file_bytes=10485760", "workdir=/tmp", "rlimit_core=0", "rlimit_nofile=1024", "--", "/usr/bin/python3", CodePath}
+	if !slices.Equal(p.Args, want) {
+		t.Errorf("Args = %v, want %v (the fixed init; the code never on argv)", p.Args, want)
 	}
 	if p.Cwd != "/tmp" {
 		t.Errorf("Cwd = %q, want /tmp", p.Cwd)
 	}
-	if p.User.UID != policy.UID || p.User.GID != policy.GID || len(p.User.AdditionalGids) != 0 {
-		t.Errorf("User = %+v, want %d:%d without extra groups", p.User, policy.UID, policy.GID)
+	// The init is the container's root, the code UID: the init switches.
+	if p.User.UID != 0 || p.User.GID != 0 || len(p.User.AdditionalGids) != 0 {
+		t.Errorf("User = %+v, want the container's root without extra groups", p.User)
 	}
 	if !p.NoNewPrivileges {
 		t.Error("NoNewPrivileges = false")
@@ -87,7 +90,8 @@ func TestStepMounts(t *testing.T) {
 		{"/dev", "tmpfs", []string{"nosuid", "noexec"}},
 		{"/dev/shm", "tmpfs", []string{"nosuid", "noexec", "nodev"}},
 		{"/tmp", "tmpfs", []string{"nosuid", "noexec", "nodev", "size=" + itoa(lim.TmpfsBytes)}},
-		{CodeDir, "bind", []string{"ro", "nosuid", "noexec", "nodev"}},
+		{CodeDir, "tmpfs", []string{"nosuid", "noexec", "nodev", "mode=755"}},
+		{InitDir, "bind", []string{"ro", "nosuid", "nodev"}},
 	} {
 		m, ok := mounts[tc.dest]
 		if !ok {
@@ -103,8 +107,8 @@ func TestStepMounts(t *testing.T) {
 			}
 		}
 	}
-	if mounts[CodeDir].Source != "/bundle/code" {
-		t.Errorf("code mount source = %q, want the bundle's code dir", mounts[CodeDir].Source)
+	if mounts[InitDir].Source != "/run/mcp-exec/x/init" || slices.Contains(mounts[InitDir].Options, "noexec") {
+		t.Errorf("init mount = %+v, want the init dir, executable", mounts[InitDir])
 	}
 	if _, ok := mounts["/sys"]; ok {
 		t.Error("/sys is mounted; nothing in it is needed")
@@ -127,28 +131,20 @@ func TestStepDevices(t *testing.T) {
 	}
 }
 
-func TestStepMaskingCapabilitiesSeccompRlimits(t *testing.T) {
-	if s := applyStep(t, "masking"); !slices.Contains(s.Linux.MaskedPaths, "/proc/kcore") || !slices.Contains(s.Linux.ReadonlyPaths, "/proc/sys") {
+func TestStepMaskingCapabilitiesSeccomp(t *testing.T) {
+	if s := applyStep(t, "masking"); !slices.Contains(s.Linux.MaskedPaths, "/proc/kcore") || !slices.Contains(s.Linux.MaskedPaths, "/proc/cmdline") ||
+		!slices.Contains(s.Linux.ReadonlyPaths, "/proc/sys") {
 		t.Errorf("masking = %v / %v", s.Linux.MaskedPaths, s.Linux.ReadonlyPaths)
 	}
-	if c := applyStep(t, "capabilities").Process.Capabilities; c == nil || len(c.Bounding)+len(c.Effective)+len(c.Permitted)+len(c.Inheritable)+len(c.Ambient) != 0 {
-		t.Errorf("capabilities = %+v, want all five sets empty", c)
+	if c := applyStep(t, "capabilities").Process.Capabilities; c == nil || !slices.Equal(c.Effective, policy.InitCapabilities().Effective) ||
+		len(c.Inheritable)+len(c.Ambient) != 0 {
+		t.Errorf("capabilities = %+v, want the init's (policy.InitCapabilities)", c)
 	}
 	if s := applyStep(t, "seccomp").Linux.Seccomp; s == nil || s.DefaultAction != specs.ActErrno {
 		t.Errorf("seccomp = %+v, want the policy filter", s)
 	}
-	rl := map[string]uint64{}
-	for _, r := range applyStep(t, "rlimits").Process.Rlimits {
-		if r.Soft != r.Hard {
-			t.Errorf("rlimit %s soft %d != hard %d", r.Type, r.Soft, r.Hard)
-		}
-		rl[r.Type] = r.Hard
-	}
-	if v, ok := rl["RLIMIT_CORE"]; !ok || v != 0 {
-		t.Errorf("RLIMIT_CORE = %d (set %v), want 0", v, ok)
-	}
-	if rl["RLIMIT_NOFILE"] != policy.DefaultLimits().OpenFiles {
-		t.Errorf("RLIMIT_NOFILE = %d", rl["RLIMIT_NOFILE"])
+	if r := applyStep(t, "process").Process.Rlimits; len(r) != 0 {
+		t.Errorf("rlimits = %v in the spec, want them on the init's command line (the init sets them)", r)
 	}
 }
 
@@ -157,6 +153,9 @@ func TestStepResources(t *testing.T) {
 	lim := policy.DefaultLimits()
 	if r.Memory == nil || *r.Memory.Limit != lim.MemoryBytes || *r.Memory.Swap != lim.MemoryBytes {
 		t.Errorf("memory = %+v, want limit %d with swap equal (no swap)", r.Memory, lim.MemoryBytes)
+	}
+	if r.Memory == nil || r.Memory.KernelTCP == nil || *r.Memory.KernelTCP != lim.SocketBytes() { //nolint:staticcheck // the runtimes apply it
+		t.Errorf("memory = %+v, want socket buffers bounded by %d", r.Memory, lim.SocketBytes())
 	}
 	if r.Pids == nil || *r.Pids.Limit != lim.Pids {
 		t.Errorf("pids = %+v, want %d", r.Pids, lim.Pids)
@@ -168,19 +167,15 @@ func TestStepResources(t *testing.T) {
 
 func TestNewWritesBundle(t *testing.T) {
 	parent := t.TempDir()
-	b, err := New(parent, testConfig(), Input{ID: "call-1", Code: []byte("print(1)")})
+	b, err := New(parent, testConfig(), "call-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(b.Dir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("bundle dir mode = %v (%v), want 0700", fi.Mode().Perm(), err)
 	}
-	code := filepath.Join(b.Dir, "code", "main.py")
-	if data, err := os.ReadFile(code); err != nil || string(data) != "print(1)" {
-		t.Errorf("code file = %q, %v", data, err)
-	}
-	if fi, _ := os.Stat(code); fi.Mode().Perm() != 0o444 {
-		t.Errorf("code file mode = %v, want 0444", fi.Mode().Perm())
+	if entries, _ := os.ReadDir(b.Dir); len(entries) != 1 {
+		t.Errorf("bundle dir holds %d entries, want config.json only (the code comes through the init)", len(entries))
 	}
 	var spec specs.Spec
 	data, _ := os.ReadFile(b.ConfigPath())
@@ -203,12 +198,13 @@ func TestNewRejectsBadInput(t *testing.T) {
 		id   string
 		want string
 	}{
-		{"relative rootfs", Config{Rootfs: "rootfs", Python: "/usr/bin/python3", Limits: policy.DefaultLimits()}, "a", "rootfs path must be absolute"},
-		{"bad limits", Config{Rootfs: "/r", Python: "/usr/bin/python3"}, "b", "memory limit"},
+		{"relative rootfs", func() Config { c := testConfig(); c.Rootfs = "rootfs"; return c }(), "a", "rootfs path must be absolute"},
+		{"bad limits", func() Config { c := testConfig(); c.Limits = policy.Limits{}; return c }(), "b", "memory limit"},
+		{"env outside the allowlist", func() Config { c := testConfig(); c.Env = []string{"MCP_EXEC_AUTH_TOKEN=x"}; return c }(), "c", "allowlist"},
 		{"id with slash", testConfig(), "../x", "invalid bundle id"},
 		{"empty id", testConfig(), "", "invalid bundle id"},
 	} {
-		_, err := New(parent, tc.cfg, Input{ID: tc.id, Code: []byte("1")})
+		_, err := New(parent, tc.cfg, tc.id)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%s) = %v, want an error containing %q", tc.name, err, tc.want)
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -13,7 +14,7 @@ import (
 // step adds one concern to the spec.
 type step struct {
 	name  string
-	apply func(s *specs.Spec, cfg Config, codeDir string)
+	apply func(s *specs.Spec, cfg Config)
 }
 
 // steps are applied in this order; later steps may rely on earlier ones.
@@ -26,49 +27,72 @@ var steps = []step{
 	{"devices", withDevices},
 	{"masking", withMasking},
 	{"capabilities", withCapabilities},
-	{"rlimits", withRlimits},
 	{"seccomp", withSeccomp},
 	{"resources", withResources},
 }
 
-// Spec returns the OCI spec of one sandbox whose code is in codeDir on the
-// host.
-func Spec(cfg Config, codeDir string) *specs.Spec {
+// Spec returns the OCI spec of one sandbox.
+func Spec(cfg Config) *specs.Spec {
 	s := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{},
 		Linux:   &specs.Linux{},
 	}
 	for _, st := range steps {
-		st.apply(s, cfg, codeDir)
+		st.apply(s, cfg)
 	}
 	return s
 }
 
-// withProcess runs the code file as __main__, under a small init (see
-// initScript), as the unprivileged user, in /tmp, with the allowlisted
-// environment and no way to gain privileges.
-func withProcess(s *specs.Spec, cfg Config, _ string) {
-	s.Process.Args = []string{cfg.Python, "-I", "-S", "-c", initScript}
-	s.Process.Env = policy.Env()
+// InitArgs is the init's command line: it starts the interpreter on
+// CodePath as UID/GID with the rlimits of policy, and returns at most the
+// configured output and files.
+func InitArgs(cfg Config) []string {
+	args := []string{InitPath, InitMarker,
+		"uid=" + strconv.Itoa(policy.UID), "gid=" + strconv.Itoa(policy.GID),
+		"max_output=" + strconv.FormatInt(cfg.MaxOutputBytes, 10),
+		"max_files=" + strconv.Itoa(cfg.MaxFiles),
+		"max_file_bytes=" + strconv.FormatInt(cfg.MaxFileBytes, 10),
+		"workdir=/tmp"}
+	for _, rl := range rlimits(cfg) {
+		args = append(args, rl)
+	}
+	return append(args, "--", cfg.Python, CodePath)
+}
+
+// rlimits are the code's per-process limits: no core dumps (they would fill
+// /tmp and leak memory), and a bound on open files. The init sets them on
+// itself before it starts the code, which inherits them: lowering a limit
+// needs no privilege, while a runtime outside the sandbox's user namespace
+// cannot set them without CAP_SYS_RESOURCE.
+func rlimits(cfg Config) []string {
+	return []string{"rlimit_core=0", "rlimit_nofile=" + strconv.FormatUint(cfg.Limits.OpenFiles, 10)}
+}
+
+// withProcess makes the init pid 1, as the container's root with the few
+// capabilities it needs to start the code unprivileged, in /tmp, with the
+// allowlisted environment and no way to gain privileges.
+func withProcess(s *specs.Spec, cfg Config) {
+	s.Process.Args = InitArgs(cfg)
+	s.Process.Env = append(policy.Env(), cfg.Env...)
 	s.Process.Cwd = "/tmp"
-	s.Process.User = specs.User{UID: policy.UID, GID: policy.GID, AdditionalGids: []uint32{}}
+	s.Process.User = specs.User{UID: 0, GID: 0, AdditionalGids: []uint32{}}
 	s.Process.NoNewPrivileges = true
 	s.Process.Terminal = false
 }
 
 // withRoot shares the rootfs read-only.
-func withRoot(s *specs.Spec, cfg Config, _ string) {
+func withRoot(s *specs.Spec, cfg Config) {
 	s.Root = &specs.Root{Path: cfg.Rootfs, Readonly: true}
 }
 
-func withHostname(s *specs.Spec, _ Config, _ string) {
+func withHostname(s *specs.Spec, _ Config) {
 	s.Hostname = policy.Hostname
 }
 
 // withNamespaces gives the sandbox its own pid, ipc, uts, mount, network
 // and cgroup namespaces. A new network namespace holds only lo.
-func withNamespaces(s *specs.Spec, _ Config, _ string) {
+func withNamespaces(s *specs.Spec, _ Config) {
 	s.Linux.Namespaces = []specs.LinuxNamespace{
 		{Type: specs.PIDNamespace},
 		{Type: specs.IPCNamespace},
@@ -79,9 +103,10 @@ func withNamespaces(s *specs.Spec, _ Config, _ string) {
 	}
 }
 
-// withMounts adds /proc, a minimal /dev, /dev/shm, the size-limited /tmp
-// and the read-only code dir. There is no /sys: nothing in it is needed.
-func withMounts(s *specs.Spec, cfg Config, codeDir string) {
+// withMounts adds /proc, a minimal /dev, /dev/shm, the size-limited /tmp,
+// the init's own /code, the init itself, and the packages dir if any.
+// There is no /sys: nothing in it is needed.
+func withMounts(s *specs.Spec, cfg Config) {
 	s.Mounts = []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc",
 			Options: []string{"nosuid", "noexec", "nodev"}},
@@ -91,14 +116,23 @@ func withMounts(s *specs.Spec, cfg Config, codeDir string) {
 			Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", cfg.Limits.ShmBytes)}},
 		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
 			Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", cfg.Limits.TmpfsBytes)}},
-		{Destination: CodeDir, Type: "bind", Source: codeDir,
-			Options: []string{"bind", "ro", "nosuid", "noexec", "nodev"}},
+		// The init's: only it (the container's root) may write here, so
+		// the script the interpreter runs is the one the call sent.
+		{Destination: CodeDir, Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "noexec", "nodev", "mode=755", fmt.Sprintf("size=%d", cfg.MaxCodeBytes+64<<10)}},
+		{Destination: InitDir, Type: "bind", Source: cfg.InitDir,
+			Options: []string{"bind", "ro", "nosuid", "nodev"}},
+	}
+	if cfg.PackagesDir != "" {
+		// Extension modules are mapped executable: no noexec here.
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: cfg.PackagesMount, Type: "bind", Source: cfg.PackagesDir,
+			Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 }
 
 // withDevices creates exactly policy.Devices in /dev and allows only them
 // in the devices cgroup.
-func withDevices(s *specs.Spec, _ Config, _ string) {
+func withDevices(s *specs.Spec, _ Config) {
 	var zero uint32
 	s.Linux.Resources = ensureResources(s.Linux.Resources)
 	s.Linux.Resources.Devices = []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
@@ -115,35 +149,33 @@ func withDevices(s *specs.Spec, _ Config, _ string) {
 	}
 }
 
-func withMasking(s *specs.Spec, _ Config, _ string) {
+func withMasking(s *specs.Spec, _ Config) {
 	s.Linux.MaskedPaths = policy.MaskedPaths()
 	s.Linux.ReadonlyPaths = policy.ReadonlyPaths()
 }
 
-func withCapabilities(s *specs.Spec, _ Config, _ string) {
-	s.Process.Capabilities = policy.Capabilities()
+// withCapabilities gives the init what policy allows it; the init starts
+// the code with all five sets empty (policy.Capabilities).
+func withCapabilities(s *specs.Spec, _ Config) {
+	s.Process.Capabilities = policy.InitCapabilities()
 }
 
-// withRlimits: no core dumps (they would fill /tmp and leak memory), and a
-// bound on open files per process.
-func withRlimits(s *specs.Spec, cfg Config, _ string) {
-	s.Process.Rlimits = []specs.POSIXRlimit{
-		{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
-		{Type: "RLIMIT_NOFILE", Hard: cfg.Limits.OpenFiles, Soft: cfg.Limits.OpenFiles},
-	}
-}
-
-func withSeccomp(s *specs.Spec, _ Config, _ string) {
+func withSeccomp(s *specs.Spec, _ Config) {
 	s.Linux.Seccomp = policy.Seccomp()
 }
 
 // withResources sets the cgroup limits. Swap equals the memory limit, which
-// in cgroup terms means no swap at all: the limit is the limit.
-func withResources(s *specs.Spec, cfg Config, _ string) {
+// in cgroup terms means no swap at all: the limit is the limit. Socket
+// buffers are bounded too: on cgroup v2 the memory controller charges them
+// to memory.current; on v1 they are charged to a separate counter, bounded
+// by KernelTCP (memory.kmem.tcp.limit_in_bytes, which the runtimes set
+// themselves, as libcontainer no longer does).
+func withResources(s *specs.Spec, cfg Config) {
 	r := ensureResources(s.Linux.Resources)
 	mem := cfg.Limits.MemoryBytes
 	swap := cfg.Limits.MemoryBytes
-	r.Memory = &specs.LinuxMemory{Limit: &mem, Swap: &swap}
+	tcp := cfg.Limits.SocketBytes()
+	r.Memory = &specs.LinuxMemory{Limit: &mem, Swap: &swap, KernelTCP: &tcp}
 	pids := cfg.Limits.Pids
 	r.Pids = &specs.LinuxPids{Limit: &pids}
 	quota := cfg.Limits.CPUQuotaUs()

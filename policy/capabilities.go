@@ -1,6 +1,10 @@
 package policy
 
-import specs "github.com/opencontainers/runtime-spec/specs-go"
+import (
+	"slices"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
 
 // Capabilities returns the capability sets of the sandboxed process: all five
 // empty. Python needs none, and with an empty bounding set and no_new_privs
@@ -11,6 +15,27 @@ func Capabilities() *specs.LinuxCapabilities {
 		Effective:   []string{},
 		Inheritable: []string{},
 		Permitted:   []string{},
+		Ambient:     []string{},
+	}
+}
+
+// InitCapabilities returns the capability sets of the sandbox's init, the
+// fixed program that is pid 1 (never the code): what it needs to start the
+// code as UID/GID with nothing, and to end it. It runs as the container's
+// root, which only a user namespace of the call maps to a host uid, so
+// these grant nothing outside the sandbox.
+func InitCapabilities() *specs.LinuxCapabilities {
+	caps := []string{
+		"CAP_SETUID",  // the code runs as UID; input and output files are written and read as UID (setfsuid)
+		"CAP_SETGID",  // the code runs as GID, with no supplementary group
+		"CAP_SETPCAP", // the code's bounding set is emptied before it starts
+		"CAP_KILL",    // every process of the code (another uid) is killed when its main process ends
+	}
+	return &specs.LinuxCapabilities{
+		Bounding:    slices.Clone(caps),
+		Effective:   slices.Clone(caps),
+		Permitted:   slices.Clone(caps),
+		Inheritable: []string{},
 		Ambient:     []string{},
 	}
 }

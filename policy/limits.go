@@ -80,3 +80,12 @@ const CPUPeriodUs = 100_000
 func (l Limits) CPUQuotaUs() int64 {
 	return int64(l.CPUs * CPUPeriodUs)
 }
+
+// SocketBytes bounds the kernel's socket buffers of a sandbox where the
+// memory controller keeps them apart from the memory limit (cgroup v1): a
+// quarter of the memory limit, plenty for the loopback servers code
+// starts, and little enough that limit plus sockets stays near the limit.
+// On cgroup v2 socket buffers count against the memory limit itself.
+func (l Limits) SocketBytes() int64 {
+	return l.MemoryBytes / 4
+}

@@ -1,9 +1,17 @@
 package policy
 
+import "strings"
+
 // MaskedPaths returns the paths under /proc that are hidden from the code
 // (a file is covered by /dev/null, a directory by an empty read-only tmpfs).
 // They either leak host state (kcore, timer_list, sched_debug, acpi), or
-// drive the host kernel (sysrq-trigger), or name keys and secrets (keys).
+// drive the host kernel (sysrq-trigger), or name keys and secrets (keys),
+// or identify and describe the host (its kernel command line, boot id,
+// disks, modules, devices, memory layout and pressure) without any use to
+// a Python program. What stays readable, and why, is in the README: cpu
+// and memory totals (os.cpu_count and psutil read /proc/stat and
+// /proc/meminfo), uptime and load, the kernel version (uname(2) gives it
+// anyway).
 func MaskedPaths() []string {
 	return []string{
 		"/proc/acpi",
@@ -21,6 +29,38 @@ func MaskedPaths() []string {
 		"/proc/kmsg",
 		"/proc/vmallocinfo",
 		"/proc/pagetypeinfo",
+		// The host's identity and configuration.
+		"/proc/cmdline",
+		"/proc/bootconfig",
+		"/proc/config.gz",
+		"/proc/sys/kernel/random/boot_id",
+		"/proc/modules",
+		"/proc/partitions",
+		"/proc/diskstats",
+		"/proc/swaps",
+		"/proc/devices",
+		"/proc/misc",
+		"/proc/iomem",
+		"/proc/ioports",
+		"/proc/dma",
+		"/proc/mtrr",
+		"/proc/fb",
+		"/proc/consoles",
+		"/proc/driver",
+		"/proc/tty",
+		"/proc/execdomains",
+		"/proc/key-users",
+		"/proc/cgroups",
+		"/proc/crypto",
+		"/proc/mdstat",
+		"/proc/buddyinfo",
+		"/proc/zoneinfo",
+		"/proc/slabinfo",
+		"/proc/kpagecount",
+		"/proc/kpageflags",
+		"/proc/kpagecgroup",
+		"/proc/pressure",
+		"/proc/schedstat",
 		"/sys/firmware",
 		"/sys/devices/virtual/powercap",
 	}
@@ -75,4 +115,18 @@ func Env() []string {
 		"PYTHONUNBUFFERED=1",
 		"TMPDIR=/tmp",
 	}
+}
+
+// EnvAllowed reports whether key may be set in the sandbox's environment:
+// the keys of Env, the Python settings, and the few settings that tell
+// numeric and plotting libraries how to behave in a sandbox (how many
+// threads a CPU quota allows, which matplotlib backend saves figures). A
+// secret of the server has no business in any of them.
+func EnvAllowed(key string) bool {
+	switch key {
+	case "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR",
+		"MPLBACKEND", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_MAX_THREADS":
+		return true
+	}
+	return strings.HasPrefix(key, "PYTHON")
 }

@@ -96,8 +96,8 @@ func seccompFor(goarch string) *specs.LinuxSeccomp {
 			continue
 		}
 		names := slices.DeleteFunc(slices.Clone(call.Names), func(n string) bool {
-			// clone3 and clone get explicit rules below.
-			return denied[n] || n == "clone" || n == "clone3"
+			// clone3, clone, mknod and mknodat get explicit rules below.
+			return denied[n] || n == "clone" || n == "clone3" || n == "mknod" || n == "mknodat"
 		})
 		if len(names) == 0 || call.Action != specs.ActAllow {
 			continue
@@ -126,6 +126,25 @@ func seccompFor(goarch string) *specs.LinuxSeccomp {
 			ErrnoRet: &nosys,
 		},
 	)
+	// mknod makes FIFOs, sockets and plain files, never a device node: a
+	// capability check forbids those under libcontainer, but gVisor lets an
+	// unprivileged process make nodes of its own emulated devices, which
+	// would make /tmp's nodev a promise the filter keeps instead.
+	for _, call := range []struct {
+		name string
+		mode uint // index of the mode argument
+	}{{"mknod", 1}, {"mknodat", 2}} {
+		if call.name == "mknod" && !hasLegacyMknod(goarch) {
+			continue
+		}
+		for _, kind := range []uint64{unix.S_IFIFO, unix.S_IFSOCK, unix.S_IFREG, 0} {
+			out.Syscalls = append(out.Syscalls, specs.LinuxSyscall{
+				Names:  []string{call.name},
+				Action: specs.ActAllow,
+				Args:   []specs.LinuxSeccompArg{{Index: call.mode, Value: unix.S_IFMT, ValueTwo: kind, Op: specs.OpMaskedEqual}},
+			})
+		}
+	}
 	for _, d := range DeniedSyscalls() {
 		errno := eperm
 		out.Syscalls = append(out.Syscalls, specs.LinuxSyscall{
@@ -135,6 +154,16 @@ func seccompFor(goarch string) *specs.LinuxSeccomp {
 		})
 	}
 	return out
+}
+
+// hasLegacyMknod reports whether goarch's syscall table has mknod besides
+// mknodat (the newer architectures have only the *at form).
+func hasLegacyMknod(goarch string) bool {
+	switch goarch {
+	case "arm64", "riscv64", "loong64":
+		return false
+	}
+	return true
 }
 
 // applies evaluates the baseline's conditions for a process that has no

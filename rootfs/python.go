@@ -32,7 +32,8 @@ type Interpreter struct {
 // caches built by an older mcp-exec are not reused. v2: generations with
 // manifests behind a link (see ensure.go); a v1 entry is a plain dir at the
 // key, which a v1 server may still be running on, so it is left alone.
-const keyVersion = "rootfs-v2"
+// v3: the /.mcp-exec mount point of the init.
+const keyVersion = "rootfs-v3"
 
 // Key is the cache key: a short hex of sha256(path, version, content hash),
 // stable for the same interpreter.

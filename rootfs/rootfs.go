@@ -43,10 +43,11 @@ import (
 const PythonPath = "/usr/bin/python3"
 
 // MountPoints are the empty dirs every rootfs has, so that the runtime never
-// has to create anything inside the shared, read-only rootfs. /code is where
-// the per-call code dir is bind-mounted. There is no /sys: it is not mounted.
+// has to create anything inside the shared, read-only rootfs. /code is the
+// init's small tmpfs holding the script, /.mcp-exec where the init itself
+// is bound. There is no /sys: it is not mounted.
 func MountPoints() []string {
-	return []string{"/proc", "/dev", "/tmp", "/code"}
+	return []string{"/proc", "/dev", "/tmp", "/code", "/.mcp-exec"}
 }
 
 // DefaultCacheDir is where Ensure keeps rootfs builds when the user names none:

@@ -31,12 +31,12 @@ func BenchmarkPrint1(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer rt.Close()
-			cfg := bundle.Config{Rootfs: dir, Python: "/usr/bin/python3", Limits: policy.DefaultLimits()}
+			cfg := testBundleConfig(dir, rt, policy.DefaultLimits())
 			var prep, run, closeT, total, base []time.Duration
 			var peak, baseRSS []int64
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				bd, err := bundle.New(rt.BundleDir(), cfg, bundle.Input{ID: uuid.NewString(), Code: []byte("print(1)")})
+				bd, err := bundle.New(rt.BundleDir(), cfg, uuid.NewString())
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -45,7 +45,7 @@ func BenchmarkPrint1(b *testing.B) {
 					b.Fatal(err)
 				}
 				t1 := time.Now()
-				res, err := sb.Run(context.Background(), runtime.Request{Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+				res, err := sb.Run(context.Background(), runtime.Request{Code: []byte("print(1)"), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
 				if err != nil || string(res.Stdout) != "1\n" {
 					b.Fatalf("run: %v %q %q", err, res.Stdout, res.Stderr)
 				}

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,11 +33,23 @@ func cgroupVerdict(paths map[string]string, res *Result) {
 	} else if p, ok := paths[""]; ok { // cgroup v2
 		res.PidsLimitHit = readKeyed(filepath.Join(p, "pids.events"), "max") > 0
 	}
-	if p, ok := paths["cpuacct"]; ok {
-		res.CPUTime = time.Duration(readInt(filepath.Join(p, "cpuacct.usage")))
+	res.CPUTime = cgroupCPU(paths)
+	if p, ok := paths["cpu"]; ok { // cgroup v1
+		res.CPUThrottled = time.Duration(readKeyed(filepath.Join(p, "cpu.stat"), "throttled_time"))
 	} else if p, ok := paths[""]; ok {
-		res.CPUTime = time.Duration(readKeyed(filepath.Join(p, "cpu.stat"), "usage_usec")) * time.Microsecond
+		res.CPUThrottled = time.Duration(readKeyed(filepath.Join(p, "cpu.stat"), "throttled_usec")) * time.Microsecond
 	}
+}
+
+// cgroupCPU is the CPU time all processes of a call's cgroups have used so
+// far, as the host's kernel accounts it.
+func cgroupCPU(paths map[string]string) time.Duration {
+	if p, ok := paths["cpuacct"]; ok {
+		return time.Duration(readInt(filepath.Join(p, "cpuacct.usage")))
+	} else if p, ok := paths[""]; ok {
+		return time.Duration(readKeyed(filepath.Join(p, "cpu.stat"), "usage_usec")) * time.Microsecond
+	}
+	return 0
 }
 
 func readInt(path string) int64 {
@@ -74,4 +87,21 @@ func hasKey(path, key string) bool {
 		}
 	}
 	return false
+}
+
+// limitSockets bounds, on cgroup v1, the socket buffers of a call's
+// sandbox: v1 charges them to a counter of their own, separate from the
+// memory limit, and only once its limit is set — until then a call could
+// queue gigabytes in loopback sockets, host memory the limit never sees.
+// On v2 the memory controller charges them to the limit itself.
+func limitSockets(paths map[string]string, bytes int64) error {
+	p, ok := paths["memory"]
+	if !ok {
+		return nil // v2
+	}
+	f := filepath.Join(p, "memory.kmem.tcp.limit_in_bytes")
+	if err := os.WriteFile(f, []byte(strconv.FormatInt(bytes, 10)), 0); err != nil {
+		return fmt.Errorf("limiting socket memory: %w", err)
+	}
+	return nil
 }

@@ -118,8 +118,7 @@ func newHarness(t *testing.T, kind runtime.Kind, limits policy.Limits) *harness 
 	if err != nil {
 		t.Fatalf("runtime.New(%s): %v", kind, err)
 	}
-	h := &harness{t: t, kind: kind, rt: rt,
-		cfg: bundle.Config{Rootfs: dir, Python: rootfs.PythonPath, Limits: limits}}
+	h := &harness{t: t, kind: kind, rt: rt, cfg: testBundleConfig(dir, rt, limits)}
 	inst, instDir := runtime.InstanceID(rt), runtime.InstanceDir(rt)
 	t.Cleanup(func() {
 		if err := rt.Close(); err != nil {
@@ -133,7 +132,14 @@ func newHarness(t *testing.T, kind runtime.Kind, limits policy.Limits) *harness 
 	return h
 }
 
+// testBundleConfig is the contract's defaults for a harness's bundles.
+func testBundleConfig(rootfsDir string, rt runtime.Runtime, limits policy.Limits) bundle.Config {
+	return bundle.Config{Rootfs: rootfsDir, Python: rootfs.PythonPath, Limits: limits, InitDir: rt.InitDir(),
+		MaxOutputBytes: 1 << 20, MaxFiles: 20, MaxFileBytes: 10 << 20, MaxCodeBytes: 1 << 20}
+}
+
 type runOpts struct {
+	files     []runtime.File
 	stdin     []byte
 	timeout   time.Duration
 	maxOutput int64
@@ -148,11 +154,12 @@ func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, erro
 	for _, f := range opts {
 		f(&o)
 	}
-	b, err := bundle.New(h.rt.BundleDir(), h.cfg, bundle.Input{ID: uuid.NewString(), Code: []byte(code)})
+	b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
 	if err != nil {
 		h.t.Fatalf("bundle.New: %v", err)
 	}
-	res, err := runtime.Run(o.ctx, h.rt, b, runtime.Request{Stdin: o.stdin, Timeout: o.timeout, MaxOutputBytes: o.maxOutput})
+	res, err := runtime.Run(o.ctx, h.rt, b, runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files,
+		Timeout: o.timeout, MaxOutputBytes: o.maxOutput})
 	h.assertClean(b)
 	return res, err
 }
@@ -181,6 +188,7 @@ func (h *harness) probe(code string, v any) {
 }
 
 func withStdin(b []byte) func(*runOpts)              { return func(o *runOpts) { o.stdin = b } }
+func withFiles(f ...runtime.File) func(*runOpts)     { return func(o *runOpts) { o.files = f } }
 func withTimeout(d time.Duration) func(*runOpts)     { return func(o *runOpts) { o.timeout = d } }
 func withMaxOutput(n int64) func(*runOpts)           { return func(o *runOpts) { o.maxOutput = n } }
 func withContext(ctx context.Context) func(*runOpts) { return func(o *runOpts) { o.ctx = ctx } }

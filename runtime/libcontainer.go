@@ -8,7 +8,6 @@ import (
 	"os"
 	goruntime "runtime"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/runc/libcontainer"
@@ -34,6 +33,9 @@ type Config struct {
 	// RunscPath and RunscPlatform configure the runsc runtime.
 	RunscPath     string
 	RunscPlatform string
+	// UIDBase is the first host uid of the libcontainer runtime's call
+	// slots; DefaultUIDBase when 0.
+	UIDBase int
 }
 
 func (c *Config) setDefaults() {
@@ -42,6 +44,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.UIDBase == 0 {
+		c.UIDBase = DefaultUIDBase
 	}
 }
 
@@ -74,8 +79,9 @@ func RunscUsable(cfg Config) error {
 // LibcontainerRuntime runs bundles with runc's libcontainer in this process.
 // The binary must call libcontainer's init hook when started as "init".
 type LibcontainerRuntime struct {
-	cfg  Config
-	inst *instance
+	cfg   Config
+	inst  *instance
+	slots *slots
 
 	live liveSet
 }
@@ -92,24 +98,27 @@ func NewLibcontainer(cfg Config) (*LibcontainerRuntime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &LibcontainerRuntime{cfg: cfg, inst: inst}, nil
+	return &LibcontainerRuntime{cfg: cfg, inst: inst, slots: newSlots(cfg.UIDBase)}, nil
 }
 
 func (r *LibcontainerRuntime) Kind() Kind        { return Libcontainer }
 func (r *LibcontainerRuntime) BundleDir() string { return r.inst.bundleDir() }
+func (r *LibcontainerRuntime) InitDir() string   { return r.inst.initDir() }
 
 // Close kills every container still running and removes the instance.
 func (r *LibcontainerRuntime) Close() error {
 	errs := []error{r.live.closeAll()}
+	errs = append(errs, r.slots.close())
 	errs = append(errs, r.inst.close())
 	return errors.Join(errs...)
 }
 
-// Prepare creates the container and starts its init, which then waits for
-// the signal to exec the interpreter: namespaces, mounts, cgroups and the
-// seccomp filter are all in place before Run.
+// Prepare creates the container in a call slot's user namespace and starts
+// its init, which starts the interpreter; it returns once the interpreter
+// waits for its code: namespaces, mounts, cgroups and the seccomp filter
+// are all in place then.
 func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox, retErr error) {
-	sb := &lcSandbox{rt: r, b: b, threadDone: make(chan struct{})}
+	sb := &lcSandbox{rt: r, b: b, threadDone: make(chan struct{}), done: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			sb.Close()
@@ -118,11 +127,17 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 	if err := r.live.add(sb); err != nil {
 		return nil, err // the deferred Close removes the bundle
 	}
-
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	sl, err := r.slots.acquire()
+	if err != nil {
+		return nil, err
+	}
+	sb.slot = sl
+
 	b.Spec.Linux.CgroupsPath = r.inst.cgroupPath(b.ID)
+	b.Spec.Linux.Namespaces = append(b.Spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: sl.nsPath})
 	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
 		CgroupName: b.ID,
 		Spec:       b.Spec,
@@ -131,18 +146,33 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 		return nil, fmt.Errorf("%w: converting spec: %w", ErrSandbox, err)
 	}
 	// If this server dies, its containers die with it rather than run on
-	// unwatched; the next instance sweeps what is left. This covers runc
-	// init's own stages; the signal does not survive into the container's
-	// final init, which sets its own (see bundle's init script).
+	// unwatched: this covers runc init's own stages, and the sandbox's init
+	// sets its own first thing. The watchdog is the backstop of both.
 	config.ParentDeathSignal = int(unix.SIGKILL)
 
 	proc, err := processFromSpec(b.Spec.Process)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	if err := sb.pipes(proc); err != nil {
+	var toInit, fromInit, diag, childIn, childOut, childErr *os.File
+	if childIn, toInit, err = os.Pipe(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
+	if fromInit, childOut, err = os.Pipe(); err != nil {
+		childIn.Close()
+		toInit.Close()
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	if diag, childErr, err = os.Pipe(); err != nil {
+		for _, f := range []*os.File{childIn, toInit, fromInit, childOut} {
+			f.Close()
+		}
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	// Plain *os.File ends are handed to the child as they are, with no
+	// copying goroutine inside libcontainer that Wait would wait for.
+	proc.Stdin, proc.Stdout, proc.Stderr = childIn, childOut, childErr
+	sb.sess = newSession(toInit, fromInit, diag)
 
 	// The parent-death signal fires when the thread that forked the init
 	// exits, and Go may retire threads; fork from a thread locked for the
@@ -159,69 +189,70 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 		sb.mu.Lock()
 		sb.c = c
 		sb.mu.Unlock()
-		if err := c.Start(proc); err != nil {
+		if err := c.Run(proc); err != nil {
 			started <- fmt.Errorf("starting container %s: %w", b.ID, err)
 			return
 		}
+		sb.mu.Lock()
+		sb.proc = proc
+		sb.mu.Unlock()
 		started <- nil
 		<-sb.threadDone
 	}()
-	if err := <-started; err != nil {
+	err = <-started
+	for _, f := range []*os.File{childIn, childOut, childErr} {
+		f.Close() // the container holds them now
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	sb.proc = proc
-	sb.closeChildEnds()
+	go func() {
+		proc.Wait()
+		close(sb.done)
+	}()
+	if st, err := sb.c.State(); err == nil {
+		if err := limitSockets(st.CgroupPaths, socketBytes(b.Spec)); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+		}
+	} else {
+		return nil, fmt.Errorf("%w: reading the state of container %s: %w", ErrSandbox, b.ID, err)
+	}
+	if err := sb.sess.waitReady(ctx, sb); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: container %s: %w", ErrSandbox, b.ID, err)
+	}
 	return sb, nil
+}
+
+// socketBytes is the spec's bound on socket buffers (see bundle), or 0.
+func socketBytes(s *specs.Spec) int64 {
+	if s.Linux == nil || s.Linux.Resources == nil || s.Linux.Resources.Memory == nil || s.Linux.Resources.Memory.KernelTCP == nil {
+		return 0
+	}
+	return *s.Linux.Resources.Memory.KernelTCP
 }
 
 // lcSandbox is one libcontainer container between Prepare and Close.
 type lcSandbox struct {
-	rt *LibcontainerRuntime
-	b  *bundle.Bundle
+	rt   *LibcontainerRuntime
+	b    *bundle.Bundle
+	slot *slot
+	sess *session
 
-	mu      sync.Mutex
-	c       *libcontainer.Container
-	proc    *libcontainer.Process
-	ran     bool
-	waiting bool // Run reaps the init
-
-	// Parent ends stay with us; child ends go to the container's init.
-	stdinR, stdinW, stdoutR, stdoutW, stderrR, stderrW *os.File
+	mu   sync.Mutex
+	c    *libcontainer.Container
+	proc *libcontainer.Process
+	ran  bool
+	done chan struct{} // closed when the init has been reaped
 
 	threadDone chan struct{}
 	closer     teardownOnce
 }
 
-func (sb *lcSandbox) pipes(p *libcontainer.Process) error {
-	var err error
-	if sb.stdinR, sb.stdinW, err = os.Pipe(); err != nil {
-		return fmt.Errorf("creating stdin pipe: %w", err)
-	}
-	if sb.stdoutR, sb.stdoutW, err = os.Pipe(); err != nil {
-		return fmt.Errorf("creating stdout pipe: %w", err)
-	}
-	if sb.stderrR, sb.stderrW, err = os.Pipe(); err != nil {
-		return fmt.Errorf("creating stderr pipe: %w", err)
-	}
-	// Plain *os.File ends are handed to the child as they are, with no
-	// copying goroutine inside libcontainer that Wait would wait for.
-	p.Stdin, p.Stdout, p.Stderr = sb.stdinR, sb.stdoutW, sb.stderrW
-	return nil
-}
-
-// closeChildEnds drops our copies of the ends the container holds, so that
-// EOF arrives when the container's last process is gone.
-func (sb *lcSandbox) closeChildEnds() {
-	for _, f := range []**os.File{&sb.stdinR, &sb.stdoutW, &sb.stderrW} {
-		if *f != nil {
-			(*f).Close()
-			*f = nil
-		}
-	}
-}
-
 func (sb *lcSandbox) Run(ctx context.Context, req Request) (Result, error) {
-	if err := req.validate(); err != nil {
+	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}
 	sb.mu.Lock()
@@ -230,100 +261,14 @@ func (sb *lcSandbox) Run(ctx context.Context, req Request) (Result, error) {
 		return Result{}, errors.New("sandbox already used or not prepared")
 	}
 	sb.ran = true
-	c, proc := sb.c, sb.proc
-	// From here on the parent ends belong to this run, not to teardown.
-	stdoutR, stderrR, stdinW := sb.stdoutR, sb.stderrR, sb.stdinW
-	sb.stdoutR, sb.stderrR, sb.stdinW = nil, nil, nil
 	sb.mu.Unlock()
-
-	stdout, stderr := newCappedBuffer(req.MaxOutputBytes), newCappedBuffer(req.MaxOutputBytes)
-	outDone, errDone := make(chan struct{}), make(chan struct{})
-	go drain(stdoutR, stdout, outDone)
-	go drain(stderrR, stderr, errDone)
-	go func() {
-		// A program that never reads its stdin makes this write fail with
-		// EPIPE once the container is gone; that is fine.
-		if len(req.Stdin) > 0 {
-			stdinW.Write(req.Stdin)
-		}
-		stdinW.Close()
-	}()
-
-	start := time.Now()
-	if err := c.Exec(); err != nil {
-		return Result{}, fmt.Errorf("%w: starting code in container %s: %w", ErrSandbox, sb.b.ID, err)
-	}
-
-	type waited struct {
-		ps  *os.ProcessState
-		err error
-	}
-	waitCh := make(chan waited, 1)
-	sb.mu.Lock()
-	sb.waiting = true // teardown must not reap the init too
-	sb.mu.Unlock()
-	go func() {
-		ps, err := proc.Wait()
-		waitCh <- waited{ps, err}
-	}()
-
-	timer := time.NewTimer(req.Timeout)
-	defer timer.Stop()
-	var res Result
-	var w waited
-	var ctxErr error
-	select {
-	case w = <-waitCh:
-	case <-timer.C:
-		res.TimedOut = true
-		sb.kill()
-		w = <-waitCh
-	case <-ctx.Done():
-		ctxErr = ctx.Err()
-		sb.kill()
-		w = <-waitCh
-	}
-	res.Duration = time.Since(start)
-
-	// The init was pid 1 of its namespace: once it is gone the kernel has
-	// killed every other process in it, so the pipes reach EOF promptly.
-	// Bound the wait anyway, in case a process is stuck in the kernel.
-	waitDrained(outDone, errDone)
-
-	if w.ps != nil {
-		if ws, ok := w.ps.Sys().(syscall.WaitStatus); ok {
-			res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))
-		} else {
-			res.ExitCode = w.ps.ExitCode()
-		}
-	} else if w.err != nil && !res.TimedOut && ctxErr == nil {
-		return Result{}, fmt.Errorf("%w: waiting for container %s: %w", ErrSandbox, sb.b.ID, w.err)
-	}
-	res.Stdout, res.StdoutTruncated, res.StdoutBytes = stdout.result()
-	res.Stderr, res.StderrTruncated, res.StderrBytes = stderr.result()
-	sb.readCgroupStats(&res)
-	if ctxErr != nil {
-		return res, ctxErr
-	}
-	return res, nil
+	return supervise(ctx, sb, sb.sess, req, nil)
 }
 
-// waitDrained waits for both output pipes to reach EOF, for a bounded time.
-func waitDrained(chans ...chan struct{}) {
-	deadline := time.NewTimer(5 * time.Second)
-	defer deadline.Stop()
-	for _, ch := range chans {
-		select {
-		case <-ch:
-		case <-deadline.C:
-			return
-		}
-	}
-}
+func (sb *lcSandbox) exited() <-chan struct{} { return sb.done }
 
-// kill sends SIGKILL to the container's init. With its own pid namespace
-// that takes every process of the container with it, double-forked and
-// setsid'd ones included.
+// kill SIGKILLs the container's init, which takes every process of its pid
+// namespace with it, and every process of its cgroup for good measure.
 func (sb *lcSandbox) kill() {
 	sb.mu.Lock()
 	c := sb.c
@@ -332,16 +277,28 @@ func (sb *lcSandbox) kill() {
 		return
 	}
 	if err := c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
-		sb.rt.cfg.Logger.Warn("killing container", "id", sb.b.ID, "err", err)
+		sb.rt.cfg.Logger.Debug("killing container", "id", sb.b.ID, "err", err)
+	}
+	if st, err := c.State(); err == nil {
+		for _, p := range st.CgroupPaths {
+			killCgroupProcs(p)
+		}
 	}
 }
 
-// readCgroupStats fills the verdict's OOM flag and usage from the
-// container's cgroups, before they are removed.
-func (sb *lcSandbox) readCgroupStats(res *Result) {
+// verdict fills the verdict's OOM flag and usage from the container's
+// cgroups, before they are removed.
+func (sb *lcSandbox) verdict(res *Result) {
 	if st, err := sb.c.State(); err == nil {
 		cgroupVerdict(st.CgroupPaths, res)
 	}
+}
+
+func (sb *lcSandbox) cpu() time.Duration {
+	if st, err := sb.c.State(); err == nil {
+		return cgroupCPU(st.CgroupPaths)
+	}
+	return 0
 }
 
 // Close kills and destroys the container and removes its bundle. It runs
@@ -353,29 +310,26 @@ func (sb *lcSandbox) Close() error {
 func (sb *lcSandbox) teardown() error {
 	var errs []error
 	sb.kill()
+	if sb.sess != nil {
+		sb.sess.closeInput()
+	}
 	sb.mu.Lock()
-	c, proc, waiting := sb.c, sb.proc, sb.waiting
-	files := []*os.File{sb.stdinR, sb.stdinW, sb.stdoutR, sb.stdoutW, sb.stderrR, sb.stderrW}
-	sb.stdinR, sb.stdinW, sb.stdoutR, sb.stdoutW, sb.stderrR, sb.stderrW = nil, nil, nil, nil, nil, nil
+	c, proc := sb.c, sb.proc
 	sb.mu.Unlock()
 	if c != nil {
-		if proc != nil && !waiting {
-			// Never started, or its start failed: reap the init ourselves,
-			// or it stays a zombie of this server.
-			proc.Wait()
+		if proc != nil {
+			<-sb.done
 		}
 		if err := destroy(c); err != nil {
 			errs = append(errs, fmt.Errorf("destroying container %s: %w", sb.b.ID, err))
 		}
 	}
 	close(sb.threadDone)
-	for _, f := range files {
-		if f != nil {
-			f.Close()
-		}
-	}
 	if err := sb.b.Remove(); err != nil {
 		errs = append(errs, err)
+	}
+	if sb.slot != nil {
+		sb.rt.slots.release(sb.slot)
 	}
 	sb.rt.live.remove(sb)
 	return errors.Join(errs...)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/opencontainers/runc/libcontainer"
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
+	"github.com/sirupsen/logrus"
 )
 
 // The test binary starts containers, so like the server it must become the
@@ -21,5 +22,9 @@ func init() {
 }
 
 func TestMain(m *testing.M) {
+	// As in the server's main: libcontainer's own warnings (such as that it
+	// ignores the spec's KernelTCP, which the runtime applies itself) are
+	// not the tests' output.
+	logrus.SetLevel(logrus.ErrorLevel)
 	os.Exit(m.Run())
 }

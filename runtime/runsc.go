@@ -37,23 +37,23 @@ import (
 // sandbox running. `run` destroys the container's state itself on the way
 // out.
 //
-// Prepare does everything that can fail before the code starts: it sets the
-// cgroup path, adapts the seccomp section to what this runsc can express
-// (see gvisorSeccomp), rewrites config.json, and creates the call's cgroups
-// with the spec's limits. runsc finds them already there, so it joins the
-// sandbox, gofer and ptrace stubs to them without owning them, and they
-// outlive `runsc run`: the verdict (oom_kill, peak memory, CPU time) is read
-// from them after the sandbox is gone, then they are removed.
+// Prepare sets the cgroup path, adapts the seccomp section to what this
+// runsc can express (see gvisorSeccomp), rewrites config.json, and creates
+// the call's cgroups with the spec's limits. runsc finds them already
+// there, so it joins the sandbox, gofer and ptrace stubs to them without
+// owning them, and they outlive `runsc run`: the verdict (oom_kill, peak
+// memory, CPU time) is read from them after the sandbox is gone, then they
+// are removed. Then it starts `runsc run`, whose process is the sandbox's
+// init, with the init's standard streams on Unix sockets (see stdio), and
+// waits until the interpreter inside waits for its code: gVisor's boot is
+// over before a call's timeout starts to count.
 //
-// Run starts `runsc run` with the call's standard streams on Unix sockets
-// (see stdio) drained into capped buffers. The wall-clock timeout covers
-// gVisor's boot too (~0.2-0.5 s here): the code never runs longer than the
-// limit. A timeout or cancellation SIGKILLs the run process and every
-// process in the call's cgroup.
+// Run is supervise's: the conversation with the init is the same as under
+// libcontainer. A timeout or cancellation that the init does not answer at
+// once SIGKILLs the run process and every process in the call's cgroup.
 //
-// runsc reports its own failures (exit 128) as JSON records on --log-fd,
-// apart from the program's stderr; such a record makes Run return
-// ErrSandbox, while a program that exits 128 leaves none.
+// runsc reports its own failures as JSON records on --log-fd; such a
+// record, when the sandbox never got ready, goes into Prepare's error.
 
 // RunscRuntime runs bundles with gVisor's runsc, one child process per call.
 type RunscRuntime struct {
@@ -95,6 +95,7 @@ func NewRunsc(cfg Config) (*RunscRuntime, error) {
 
 func (r *RunscRuntime) Kind() Kind          { return Runsc }
 func (r *RunscRuntime) BundleDir() string   { return r.inst.bundleDir() }
+func (r *RunscRuntime) InitDir() string     { return r.inst.initDir() }
 func (r *RunscRuntime) instanceID() string  { return r.inst.id }
 func (r *RunscRuntime) instanceDir() string { return r.inst.dir }
 
@@ -126,8 +127,8 @@ func (r *RunscRuntime) globalArgs() []string {
 	}
 }
 
-// Prepare fixes the bundle for runsc and creates the call's cgroups with
-// the spec's limits. The code starts only in Run.
+// Prepare fixes the bundle for runsc, creates the call's cgroups with the
+// spec's limits, starts the sandbox and waits for its interpreter.
 func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox, retErr error) {
 	sb := &runscSandbox{rt: r, b: b, done: make(chan struct{})}
 	defer func() {
@@ -157,6 +158,9 @@ func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox
 		return nil, fmt.Errorf("%w: creating cgroups of %s: %w", ErrSandbox, b.ID, err)
 	}
 	sb.cg = cg
+	if err := limitSockets(cg.paths, socketBytes(b.Spec)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
 	logf, err := os.OpenFile(filepath.Join(b.Dir, "runsc-errors.json"), os.O_RDWR|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("%w: creating runsc log: %w", ErrSandbox, err)
@@ -164,6 +168,18 @@ func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox
 	sb.logf = logf
 	if err := sb.io.open(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	if err := sb.start(); err != nil {
+		return nil, fmt.Errorf("%w: starting runsc for %s: %w", ErrSandbox, b.ID, err)
+	}
+	if err := sb.sess.waitReady(ctx, sb); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if msg := runscFailure(sb.logf); msg != "" {
+			err = fmt.Errorf("%w; runsc said: %s", err, msg)
+		}
+		return nil, fmt.Errorf("%w: sandbox %s: %w", ErrSandbox, b.ID, err)
 	}
 	return sb, nil
 }
@@ -173,8 +189,7 @@ func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox
 // the pipe is full, reports a write of up to 64 KiB as done and drops it
 // (a 64 MiB write arrived as ~4 MiB, with os.write returning success).
 // With a socket its writes block as they should and nothing is lost.
-// gVisor-specific: the code sees sockets (S_ISSOCK) where libcontainer
-// gives it pipes.
+// The code itself sees pipes under both runtimes: the init's.
 type stdio struct {
 	parent, child [3]*os.File // stdin, stdout, stderr
 }
@@ -225,6 +240,7 @@ type runscSandbox struct {
 	cg   *callCgroup
 	logf *os.File
 	io   stdio
+	sess *session
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -237,42 +253,19 @@ type runscSandbox struct {
 
 // waitDelay bounds Wait after Cancel: should the run process outlive our
 // SIGKILL, os/exec kills it again and returns. (The streams are plain
-// files, so there is no copying goroutine to wait for; waitDrained bounds
-// our own readers.)
+// files, so there is no copying goroutine to wait for.)
 const waitDelay = 2 * time.Second
 
-func (sb *runscSandbox) Run(ctx context.Context, req Request) (Result, error) {
-	if err := req.validate(); err != nil {
-		return Result{}, err
-	}
-	sb.mu.Lock()
-	if sb.ran || sb.closing || sb.cg == nil || sb.logf == nil {
-		sb.mu.Unlock()
-		return Result{}, errors.New("sandbox already used, closed or not prepared")
-	}
-	sb.ran = true
-	sb.mu.Unlock()
-
-	stdout, stderr := newCappedBuffer(req.MaxOutputBytes), newCappedBuffer(req.MaxOutputBytes)
-	runCtx, stop := context.WithCancel(context.Background())
-	defer stop()
+// start starts `runsc run`; the sandbox's init talks to us on its stdio.
+func (sb *runscSandbox) start() error {
 	args := append(sb.rt.globalArgs(), "run", "--bundle", sb.b.Dir, sb.b.ID)
-	cmd := exec.CommandContext(runCtx, sb.rt.info.Path, args...)
+	cmd := exec.Command(sb.rt.info.Path, args...)
 	cmd.Env = []string{} // nothing of the server's environment, not even to runsc
 	cmd.Dir = "/"
-	// Plain files: the sandbox gets these very sockets, and no copying
-	// goroutine inside os/exec stands between it and the caps.
-	sb.mu.Lock()
+	// Plain files: the sandbox gets these very sockets.
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = sb.io.child[0], sb.io.child[1], sb.io.child[2]
-	sb.mu.Unlock()
 	cmd.ExtraFiles = []*os.File{sb.logf}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	// Cancel kills the run process and, through the cgroup, the sandbox,
-	// the gofer and every process of the code at once.
-	cmd.Cancel = func() error {
-		sb.killAll(cmd.Process)
-		return nil
-	}
 	cmd.WaitDelay = waitDelay
 
 	// The parent-death signal fires when the thread that forked the child
@@ -280,12 +273,9 @@ func (sb *runscSandbox) Run(ctx context.Context, req Request) (Result, error) {
 	// locked until the child is reaped, so that it fires only when the
 	// server dies.
 	started := make(chan error, 1)
-	waited := make(chan error, 1)
-	var start time.Time
 	go func() {
 		goruntime.LockOSThread()
 		defer goruntime.UnlockOSThread()
-		start = time.Now()
 		if err := cmd.Start(); err != nil {
 			started <- err
 			close(sb.done)
@@ -296,109 +286,65 @@ func (sb *runscSandbox) Run(ctx context.Context, req Request) (Result, error) {
 		closing := sb.closing
 		sb.mu.Unlock()
 		if closing {
-			sb.killAll(cmd.Process)
+			sb.kill()
 		}
 		started <- nil
-		waited <- cmd.Wait()
+		cmd.Wait()
 		close(sb.done)
 	}()
 	if err := <-started; err != nil {
-		return Result{}, fmt.Errorf("%w: starting runsc for %s: %w", ErrSandbox, sb.b.ID, err)
+		return err
 	}
 	// Our copies of the child ends go, so that EOF comes when the sandbox's
 	// last holder is gone.
-	sb.mu.Lock()
 	sb.io.closeChild()
 	parent := sb.io.parent
-	sb.io.parent = [3]*os.File{} // owned by the goroutines below now
+	sb.io.parent = [3]*os.File{} // the session's now
+	sb.sess = newSession(parent[0], parent[1], parent[2])
+	return nil
+}
+
+func (sb *runscSandbox) Run(ctx context.Context, req Request) (Result, error) {
+	if err := req.Validate(); err != nil {
+		return Result{}, err
+	}
+	sb.mu.Lock()
+	if sb.ran || sb.closing || sb.sess == nil {
+		sb.mu.Unlock()
+		return Result{}, errors.New("sandbox already used, closed or not prepared")
+	}
+	sb.ran = true
 	sb.mu.Unlock()
-	outDone, errDone := make(chan struct{}), make(chan struct{})
-	go drain(parent[1], stdout, outDone)
-	go drain(parent[2], stderr, errDone)
-	stdinW := parent[0]
-	go func() {
-		// A program that never reads its stdin makes this write fail once
-		// the sandbox is gone; that is fine.
-		if len(req.Stdin) > 0 {
-			stdinW.Write(req.Stdin)
-		}
-		stdinW.Close()
-	}()
-
-	timer := time.NewTimer(req.Timeout)
-	defer timer.Stop()
-	var res Result
-	var werr, ctxErr error
-	select {
-	case werr = <-waited:
-	case <-timer.C:
-		res.TimedOut = true
-		stop()
-		werr = <-waited
-	case <-ctx.Done():
-		ctxErr = ctx.Err()
-		stop()
-		werr = <-waited
-	}
-	res.Duration = time.Since(start)
-	// runsc run waited for the sandbox, and a kill took every holder of
-	// the sockets with it; bound the wait anyway.
-	waitDrained(outDone, errDone)
-	res.Stdout, res.StdoutTruncated, res.StdoutBytes = stdout.result()
-	res.Stderr, res.StderrTruncated, res.StderrBytes = stderr.result()
-
-	var exitErr *exec.ExitError
-	switch {
-	case werr == nil, errors.As(werr, &exitErr):
-	case errors.Is(werr, exec.ErrWaitDelay):
-		sb.rt.cfg.Logger.Warn("runsc output pipes held open after exit", "id", sb.b.ID)
-	default:
-		if !res.TimedOut && ctxErr == nil {
-			return res, fmt.Errorf("%w: waiting for runsc of %s: %w", ErrSandbox, sb.b.ID, werr)
-		}
-	}
-	if ps := cmd.ProcessState; ps != nil {
-		if ws, ok := ps.Sys().(syscall.WaitStatus); ok {
-			// runsc run exits with the code's status, and with 128+N when
-			// a signal N ended it, as the contract wants.
-			res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))
-		} else {
-			res.ExitCode = ps.ExitCode()
-		}
-	}
-	sb.cg.stats(&res)
-	if ctxErr != nil {
-		return res, ctxErr
-	}
-	if !res.TimedOut && !res.OOMKilled {
-		if msg := runscFailure(sb.logf); msg != "" {
-			return res, fmt.Errorf("%w: runsc could not run %s: %s", ErrSandbox, sb.b.ID, msg)
-		}
-	}
-	return res, nil
+	return supervise(ctx, sb, sb.sess, req, nil)
 }
 
-// killAll SIGKILLs the run process and every process in the call's
-// cgroups: the sandbox, the gofer, the ptrace stubs.
-func (sb *runscSandbox) killAll(p *os.Process) {
-	if p != nil {
-		p.Signal(os.Kill)
+func (sb *runscSandbox) exited() <-chan struct{} { return sb.done }
+
+func (sb *runscSandbox) cpu() time.Duration {
+	if sb.cg == nil {
+		return 0
 	}
+	return cgroupCPU(sb.cg.paths)
+}
+
+func (sb *runscSandbox) verdict(res *Result) {
 	if sb.cg != nil {
-		sb.cg.kill()
+		sb.cg.stats(res)
 	}
 }
 
-// kill is killAll on whatever run process has been started.
+// kill SIGKILLs the run process and every process in the call's cgroups:
+// the sandbox, the gofer, the ptrace stubs.
 func (sb *runscSandbox) kill() {
 	sb.mu.Lock()
 	cmd := sb.cmd
 	sb.mu.Unlock()
-	var p *os.Process
-	if cmd != nil {
-		p = cmd.Process
+	if cmd != nil && cmd.Process != nil {
+		cmd.Process.Signal(os.Kill)
 	}
-	sb.killAll(p)
+	if sb.cg != nil {
+		sb.cg.kill()
+	}
 }
 
 // runscFailure returns the messages runsc logged as errors on --log-fd, or
@@ -438,12 +384,15 @@ func (sb *runscSandbox) teardown() error {
 	var errs []error
 	sb.mu.Lock()
 	sb.closing = true
-	ran := sb.ran
+	started := sb.cmd != nil || sb.sess != nil
 	sb.mu.Unlock()
 	sb.kill()
-	if ran {
-		// Run's goroutine reaps the run process; keep killing until it has,
-		// in case Close raced with the start.
+	if sb.sess != nil {
+		sb.sess.closeInput()
+	}
+	if started {
+		// start's goroutine reaps the run process; keep killing until it
+		// has, in case Close raced with the start.
 		tick := time.NewTicker(50 * time.Millisecond)
 	wait:
 		for {

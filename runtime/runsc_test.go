@@ -363,13 +363,13 @@ func TestRunscSandboxFailureIsAnError(t *testing.T) {
 	if err := os.Mkdir(cfg.Rootfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b, err := bundle.New(h.rt.BundleDir(), cfg, bundle.Input{ID: uuid.NewString(), Code: []byte("print(1)")})
+	b, err := bundle.New(h.rt.BundleDir(), cfg, uuid.NewString())
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
-	if !errors.Is(err, runtime.ErrSandbox) || !strings.Contains(err.Error(), "runsc could not run") {
-		t.Errorf("Run on an empty rootfs: res %+v err %v, want ErrSandbox naming runsc's failure", res, err)
+	res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{Code: []byte("print(1)"), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+	if !errors.Is(err, runtime.ErrSandbox) || !strings.Contains(err.Error(), "the interpreter did not start") || !strings.Contains(err.Error(), "No such file") {
+		t.Errorf("Run on an empty rootfs: res %+v err %v, want ErrSandbox saying the interpreter could not start", res, err)
 	}
 	h.assertClean(b)
 	assertNoRunsc(t, h)
@@ -459,8 +459,8 @@ func deadServer(t *testing.T, stateDir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := bundle.Config{Rootfs: dir, Python: rootfs.PythonPath, Limits: policy.DefaultLimits()}
-	b, err := bundle.New(rt.BundleDir(), cfg, bundle.Input{ID: uuid.NewString(), Code: []byte("print('up', flush=True)\nimport time; time.sleep(1000)")})
+	cfg := testBundleConfig(dir, rt, policy.DefaultLimits())
+	b, err := bundle.New(rt.BundleDir(), cfg, uuid.NewString())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +473,8 @@ func deadServer(t *testing.T, stateDir string) {
 		time.Sleep(1500 * time.Millisecond)
 		fmt.Printf("RUNNING %s\n", runtime.InstanceID(rt))
 	}()
-	sb.Run(context.Background(), runtime.Request{Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
+	sb.Run(context.Background(), runtime.Request{Code: []byte("print('up', flush=True)\nimport time; time.sleep(1000)"),
+		Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
 	t.Fatal("the call ended before the server was killed")
 }
 
@@ -505,13 +506,14 @@ func TestRunscConcurrentCalls(t *testing.T) {
 	ch := make(chan out, n)
 	for i := 0; i < n; i++ {
 		go func() {
-			b, err := bundle.New(h.rt.BundleDir(), h.cfg, bundle.Input{ID: uuid.NewString(),
-				Code: []byte(fmt.Sprintf("import sys; print(%d); print(sys.stdin.read(), file=sys.stderr)", i))})
+			b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
 			if err != nil {
 				ch <- out{i: i, err: err}
 				return
 			}
-			res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{Stdin: []byte(fmt.Sprint("in", i)),
+			res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{
+				Code:    []byte(fmt.Sprintf("import sys; print(%d); print(sys.stdin.read(), file=sys.stderr)", i)),
+				Stdin:   []byte(fmt.Sprint("in", i)),
 				Timeout: 60 * time.Second, MaxOutputBytes: 1 << 20})
 			ch <- out{i, res, err}
 		}()

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -52,19 +53,63 @@ type Request struct {
 	Code []byte
 	// Stdin is fed to the program's standard input, followed by EOF.
 	Stdin []byte
-	// Timeout is the wall-clock limit; when it passes every process of the
-	// container is killed. It must be > 0.
+	// Files are written under /tmp before the code starts.
+	Files []File
+	// Timeout is the wall-clock limit of the code, counted from when it
+	// starts; when it passes every process of the container is killed. It
+	// must be > 0.
 	Timeout time.Duration
-	// MaxOutputBytes caps each of stdout and stderr. It must be > 0.
+	// MaxOutputBytes caps each of stdout and stderr. It must be > 0, and
+	// the sandbox's own cap (bundle.Config) bounds it too.
 	MaxOutputBytes int64
 }
 
-func (r Request) validate() error {
+// File is a file of a call: one written under /tmp before the code starts,
+// or one the code left under /tmp/outputs. Path is relative to that dir.
+type File struct {
+	Path string
+	Data []byte
+}
+
+// Validate checks a Request once, before a sandbox is spent on it.
+func (r Request) Validate() error {
+	if len(r.Code) == 0 {
+		return errors.New("code is empty")
+	}
 	if r.Timeout <= 0 {
 		return fmt.Errorf("timeout must be > 0, got %v", r.Timeout)
 	}
 	if r.MaxOutputBytes <= 0 {
 		return fmt.Errorf("output cap must be > 0, got %d", r.MaxOutputBytes)
+	}
+	for _, f := range r.Files {
+		if err := CheckRelPath(f.Path); err != nil {
+			return fmt.Errorf("file %q: %w", f.Path, err)
+		}
+	}
+	return nil
+}
+
+// CheckRelPath checks a file path given relative to a sandbox dir: not
+// empty, not absolute, no "." or ".." element, no empty element, no NUL.
+func CheckRelPath(p string) error {
+	switch {
+	case p == "":
+		return errors.New("path is empty")
+	case strings.HasPrefix(p, "/"):
+		return errors.New("path must be relative")
+	case strings.IndexByte(p, 0) >= 0:
+		return errors.New("path contains a NUL byte")
+	case len(p) > 4096:
+		return errors.New("path is longer than 4096 bytes")
+	}
+	for _, e := range strings.Split(p, "/") {
+		switch e {
+		case "":
+			return errors.New("path has an empty element")
+		case ".", "..":
+			return fmt.Errorf("path has a %q element", e)
+		}
 	}
 	return nil
 }
@@ -88,10 +133,18 @@ type Result struct {
 	// Duration is the wall-clock time from the start of the code to the
 	// end of its last process.
 	Duration time.Duration
-	// CPUTime is the CPU time of all processes, when the runtime knows it.
+	// CPUTime is the CPU time all processes of the container used while
+	// the code ran, as the host's cgroup accounts it (under gVisor, its
+	// kernel's time too); 0 when unknown.
 	CPUTime time.Duration
+	// CPUThrottled is how long the CPU quota held the container back.
+	CPUThrottled time.Duration
 	// PeakMemoryBytes is the highest memory use, when the runtime knows it.
 	PeakMemoryBytes int64
+	// Files are the regular files the code left under /tmp/outputs, within
+	// the sandbox's limits; FilesTruncated says one was left out for them.
+	Files          []File
+	FilesTruncated bool
 }
 
 // ErrSandbox marks errors where the sandbox could not be set up or run.
@@ -103,6 +156,8 @@ type Runtime interface {
 	// BundleDir is where bundles for this runtime instance are created, so
 	// that a crashed instance's bundles are swept with its other state.
 	BundleDir() string
+	// InitDir holds the sandboxes' init (bundle.Config.InitDir).
+	InitDir() string
 	// Prepare creates the container for b up to the point where only the
 	// code remains to be started. The Sandbox owns b from then on, even
 	// when Prepare fails.
@@ -123,7 +178,7 @@ type Sandbox interface {
 
 // Run prepares a container for b, runs it once and tears it down.
 func Run(ctx context.Context, rt Runtime, b *bundle.Bundle, req Request) (Result, error) {
-	if err := req.validate(); err != nil {
+	if err := req.Validate(); err != nil {
 		b.Remove()
 		return Result{}, err
 	}

@@ -69,11 +69,20 @@ func newInstance(root string, log *slog.Logger) (_ *instance, retErr error) {
 			return nil, fmt.Errorf("creating instance dir: %w", err)
 		}
 	}
-	return &instance{id: id, dir: dir, lock: lock, log: log}, nil
+	in := &instance{id: id, dir: dir, lock: lock, log: log}
+	if err := installInit(in.initDir()); err != nil {
+		lock.Close()
+		return nil, err
+	}
+	return in, nil
 }
 
 func (in *instance) bundleDir() string    { return filepath.Join(in.dir, "bundles") }
 func (in *instance) containerDir() string { return filepath.Join(in.dir, "containers") }
+
+// initDir holds the copy of this executable that every sandbox of the
+// instance runs as its init (bundle.InitDir).
+func (in *instance) initDir() string { return filepath.Join(in.dir, "init") }
 
 // cgroupPath is the cgroup path of one call, relative to each controller's
 // root.

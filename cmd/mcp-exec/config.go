@@ -28,6 +28,8 @@ type config struct {
 	MaxOutputBytes int64
 	MaxStdinBytes  int64
 	MaxCodeBytes   int64
+	MaxFiles       int
+	MaxFileBytes   int64
 	Runtime        runtime.Kind
 	Rootfs         string // empty: build from Python into the cache
 	Python         string // empty: /usr/bin/python3, else python3 on PATH
@@ -52,6 +54,8 @@ func defaultConfig() config {
 		MaxOutputBytes: 1 << 20,
 		MaxStdinBytes:  1 << 20,
 		MaxCodeBytes:   1 << 20,
+		MaxFiles:       20,
+		MaxFileBytes:   10 << 20,
 		Runtime:        runtime.Libcontainer,
 		Limits:         policy.DefaultLimits(),
 		MaxConcurrency: 2 * goruntime.NumCPU(),
@@ -77,6 +81,8 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_MAX_OUTPUT_BYTES", "max-output-bytes", "cap per stream (stdout, stderr)", byteCount(&c.MaxOutputBytes, 1, 1)},
 		{"MCP_EXEC_MAX_STDIN_BYTES", "max-stdin-bytes", "largest stdin accepted", byteCount(&c.MaxStdinBytes, 1, 0)},
 		{"MCP_EXEC_MAX_CODE_BYTES", "max-code-bytes", "largest code accepted", byteCount(&c.MaxCodeBytes, 1, 1)},
+		{"MCP_EXEC_MAX_FILES", "max-files", "most files a call may send, and return from /tmp/outputs", integer(&c.MaxFiles, 0)},
+		{"MCP_EXEC_MAX_FILE_BYTES", "max-file-bytes", "most bytes of files a call may send, and return", byteCount(&c.MaxFileBytes, 1, 0)},
 		{"MCP_EXEC_RUNTIME", "runtime", "libcontainer or runsc", &value[runtime.Kind]{p: &c.Runtime, parse: runtime.ParseKind}},
 		{"MCP_EXEC_ROOTFS", "rootfs", "the read-only Python rootfs to use (default: built from the host's python3 into a cache dir)", str(&c.Rootfs)},
 		{"MCP_EXEC_PYTHON", "python", "the host interpreter the default rootfs is built from", str(&c.Python)},

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -13,7 +14,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/inhuman/mcp-exec/bundle"
-	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
 	"github.com/inhuman/mcp-exec/server"
@@ -65,7 +65,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		// A cached rootfs was proven at build time by running Python in a
 		// real sandbox; it is not re-run on every start.
 		dir, err = rootfs.Ensure(ctx, py, rootfs.DefaultCacheDir(), func(ctx context.Context, dir string) error {
-			_, err := s.validateRootfs(ctx, dir, cfg.Limits)
+			_, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir))
 			return err
 		})
 		if err != nil {
@@ -82,21 +82,37 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		if err := rootfs.Check(dir); err != nil {
 			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s is not a usable rootfs: %w", errSandboxStart, dir, err)
 		}
+		if err := searchableByOthers(dir); err != nil {
+			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s: %w", errSandboxStart, dir, err)
+		}
 		// A rootfs of the operator's making is proven once per start.
-		version, err := s.validateRootfs(ctx, dir, cfg.Limits)
+		version, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir))
 		if err != nil {
 			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s: %w", errSandboxStart, dir, err)
 		}
 		s.pythonVersion = version
 	}
-	s.bundleCfg = bundle.Config{Rootfs: dir, Python: rootfs.PythonPath, Limits: cfg.Limits}
+	s.bundleCfg = s.bundleConfig(cfg, dir)
 	return s, nil
+}
+
+// bundleConfig is what every sandbox of this engine shares.
+func (s *engine) bundleConfig(cfg config, rootfsDir string) bundle.Config {
+	return bundle.Config{
+		Rootfs:         rootfsDir,
+		Python:         rootfs.PythonPath,
+		Limits:         cfg.Limits,
+		InitDir:        s.rt.InitDir(),
+		MaxOutputBytes: cfg.MaxOutputBytes,
+		MaxFiles:       cfg.MaxFiles,
+		MaxFileBytes:   cfg.MaxFileBytes,
+		MaxCodeBytes:   cfg.MaxCodeBytes,
+	}
 }
 
 // validateRootfs runs the interpreter inside a real sandbox on dir and
 // returns its version: a rootfs that cannot run Python there is refused.
-func (s *engine) validateRootfs(ctx context.Context, dir string, limits policy.Limits) (string, error) {
-	bcfg := bundle.Config{Rootfs: dir, Python: rootfs.PythonPath, Limits: limits}
+func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config) (string, error) {
 	probe := "import sys, json, sqlite3, ssl, decimal, ctypes, multiprocessing\n" +
 		"print('%d.%d.%d' % sys.version_info[:3])\n"
 	res, err := s.runWith(ctx, bcfg, runtime.Request{Code: []byte(probe), Timeout: 60 * time.Second, MaxOutputBytes: 64 << 10})
@@ -121,7 +137,7 @@ func (s *engine) Info() server.EngineInfo {
 }
 
 func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Request) (runtime.Result, error) {
-	b, err := bundle.New(s.rt.BundleDir(), bcfg, bundle.Input{ID: uuid.NewString(), Code: req.Code})
+	b, err := bundle.New(s.rt.BundleDir(), bcfg, uuid.NewString())
 	if err != nil {
 		return runtime.Result{}, fmt.Errorf("%w: creating bundle: %w", runtime.ErrSandbox, err)
 	}
@@ -129,6 +145,24 @@ func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Re
 }
 
 func (s *engine) close() error { return s.rt.Close() }
+
+// searchableByOthers checks that every directory on the way to dir lets
+// others pass: the sandbox's root is an unprivileged uid of the host (its
+// call slot's), which mounts the rootfs from inside its user namespace.
+func searchableByOthers(dir string) error {
+	for p := dir; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s has mode %v: the sandbox's unprivileged uids cannot reach the rootfs through it (chmod o+x %s)", p, fi.Mode().Perm(), p)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}
 
 func lastLines(b []byte, n int) string {
 	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))

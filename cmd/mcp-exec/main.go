@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/sirupsen/logrus"
 )
 
 func main() {
@@ -18,6 +20,11 @@ func main() {
 	// write fails with EPIPE and teardown goes on. Notify rather than
 	// Ignore: an ignored SIGPIPE would be inherited by the sandbox.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	// libcontainer logs through logrus to stderr. Its warnings are about
+	// the spec (it ignores KernelTCP, which the runtime applies itself)
+	// and its debug lines about its internals: only errors are the
+	// operator's.
+	logrus.SetLevel(logrus.ErrorLevel)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()

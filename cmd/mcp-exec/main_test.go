@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/sirupsen/logrus"
 
 	"github.com/inhuman/mcp-exec/internal/testenv"
 )
@@ -21,6 +22,7 @@ import (
 // init before any test code runs (it is part of this package, so of this
 // binary too).
 func TestMain(m *testing.M) {
+	logrus.SetLevel(logrus.ErrorLevel) // as main does
 	code := m.Run()
 	shared.close()
 	if binary.dir != "" {
@@ -104,7 +106,8 @@ func binaryPath(t testing.TB) string {
 			return
 		}
 		binary.path = filepath.Join(binary.dir, "mcp-exec")
-		cmd := exec.Command("go", "build", "-tags", "seccomp", "-o", binary.path, ".")
+		// As make build does: static, as the binary is the sandbox's init.
+		cmd := exec.Command("go", "build", "-tags", "seccomp netgo osusergo", "-ldflags", "-extldflags=-static", "-o", binary.path, ".")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binary.err = fmt.Errorf("building mcp-exec: %v\n%s", err, out)

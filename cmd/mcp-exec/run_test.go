@@ -118,7 +118,8 @@ func TestRootfsBuildCommand(t *testing.T) {
 	if os.Geteuid() != 0 {
 		requireSandbox(t) // skips or fails with the reason
 	}
-	out := filepath.Join(t.TempDir(), "rootfs")
+	tmp := t.TempDir()
+	out := filepath.Join(tmp, "rootfs")
 	stdout, stderr, status := cli(t, nil, "rootfs", "build", "--out", out)
 	if status != 0 || !strings.Contains(stdout, "built "+out) {
 		t.Fatalf("rootfs build: status %d\n%s\n%s", status, stdout, stderr)
@@ -126,7 +127,17 @@ func TestRootfsBuildCommand(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "usr/bin/python3")); err != nil {
 		t.Errorf("built rootfs has no /usr/bin/python3: %v", err)
 	}
-	// The rootfs it built is usable as MCP_EXEC_ROOTFS.
+	// The rootfs it built is usable as MCP_EXEC_ROOTFS, once the sandbox's
+	// unprivileged uids can reach it: the test's temp dirs are 0700.
+	stdout, stderr, status = cli(t, []string{"MCP_EXEC_ROOTFS=" + out}, "run", "-c", "print('ok')")
+	if status != exitSandboxFailed || !strings.Contains(stderr, "chmod o+x") {
+		t.Errorf("run on a rootfs behind a 0700 dir: status %d\n%s\n%s; want a refusal naming the fix", status, stdout, stderr)
+	}
+	for _, d := range []string{tmp, filepath.Dir(tmp)} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
 	stdout, stderr, status = cli(t, []string{"MCP_EXEC_ROOTFS=" + out}, "run", "-c", "print('ok')")
 	if status != 0 || stdout != "ok\n" {
 		t.Errorf("run on the built rootfs: status %d\n%s\n%s", status, stdout, stderr)

@@ -1,0 +1,436 @@
+package runtime
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The sandbox's init (sandboxinit.c) is the same program under both
+// runtimes, and so is the conversation with it, over its standard input
+// and output, in frames of a type byte, a big-endian uint32 length and the
+// payload:
+//
+//	init → host  R           the interpreter is started and waits for its code
+//	host → init  F path data an input file, written under /tmp as the code's user
+//	host → init  I data, J   the code's stdin, then its end
+//	host → init  C code      the code: the interpreter reads it and runs it
+//	init → host  S           the code has it: the timeout counts from here
+//	init → host  O, E data   stdout and stderr, at most the cap each
+//	host → init  K           kill the code now (the timeout)
+//	init → host  X status    the main process's wait status and the byte
+//	                         counts of stdout and stderr; every other process
+//	                         of the code has been killed
+//	init → host  F path data a file from /tmp/outputs; T: one was left out
+//	init → host  D           done: the init exits
+//	init → host  W message   something the init was asked to do failed
+//
+// The init's stderr carries only its own fatal errors. Everything the
+// code writes goes through pipes the init drains, so the code is never
+// blocked by its own output and the runtime only ever reads what fits the
+// caps. A runtime only has to start a container with the init as its
+// process and to kill it; supervise does the rest, the same for both.
+
+// Frame types, host to init and init to host.
+const (
+	hFile     = 'F'
+	hStdin    = 'I'
+	hStdinEnd = 'J'
+	hCode     = 'C'
+	hKill     = 'K'
+
+	iReady   = 'R'
+	iStarted = 'S'
+	iStdout  = 'O'
+	iStderr  = 'E'
+	iExit    = 'X'
+	iOutFile = 'F'
+	iSkipped = 'T'
+	iDone    = 'D'
+	iError   = 'W'
+)
+
+// maxFrame bounds a frame from the init: a file within the sandbox's
+// limits, or a chunk of output.
+const maxFrame = 64 << 20
+
+// Grace periods of the supervision, all counted on the host's clock.
+const (
+	// readyTimeout bounds the start of a sandbox up to its interpreter
+	// waiting for code (gVisor's boot included).
+	readyTimeout = 60 * time.Second
+	// killGrace is how long the init has, after a timeout, to kill the
+	// code and report, before the whole container is killed.
+	killGrace = 2 * time.Second
+	// exportTimeout bounds the export of output files after the exit.
+	exportTimeout = 10 * time.Second
+)
+
+// container is what a runtime gives supervise: a started container whose
+// process is the init.
+type container interface {
+	// kill SIGKILLs every process of the container, the init included.
+	kill()
+	// exited is closed once the init has exited and been reaped.
+	exited() <-chan struct{}
+	// verdict fills the OOM and pids flags, CPU time and peak memory.
+	verdict(res *Result)
+	// cpu is the CPU time the container has used so far.
+	cpu() time.Duration
+}
+
+// event is one frame from the init that the supervision waits for.
+type event struct {
+	kind     byte      // 0: the init's output ended
+	at       time.Time // when it arrived: the supervision may see it later
+	status   syscall.WaitStatus
+	outTotal int64
+	errTotal int64
+	msg      string
+}
+
+// session is the conversation with one sandbox's init.
+type session struct {
+	to     *os.File // the init's stdin
+	events chan event
+	diag   *cappedBuffer // the init's stderr
+
+	// Written by the reader until it sends its last event.
+	stdout, stderr *cappedBuffer
+	files          []File
+	skipped        bool
+
+	writeOnce sync.Once
+}
+
+// newSession starts reading frames from the init's stdout and its stderr.
+// The init sends no more of each of the code's streams than its cap (the
+// bundle's); the runtime keeps at most the request's.
+func newSession(to, from, diag *os.File) *session {
+	s := &session{
+		to:     to,
+		events: make(chan event, 64),
+		diag:   newCappedBuffer(64 << 10),
+		stdout: newCappedBuffer(maxFrame),
+		stderr: newCappedBuffer(maxFrame),
+	}
+	go drain(diag, s.diag, make(chan struct{}))
+	go s.read(from)
+	return s
+}
+
+// read turns frames into output, files and events until the init's stdout
+// ends; then it sends a zero event and stops.
+func (s *session) read(from *os.File) {
+	defer from.Close()
+	defer func() { s.events <- event{at: time.Now()} }()
+	r := bufio.NewReaderSize(from, 64<<10)
+	var head [5]byte
+	for {
+		if _, err := io.ReadFull(r, head[:]); err != nil {
+			return
+		}
+		n := binary.BigEndian.Uint32(head[1:])
+		if n > maxFrame {
+			s.events <- event{kind: iError, msg: fmt.Sprintf("the init sent a frame of %d bytes", n)}
+			return
+		}
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(r, payload); err != nil {
+			return
+		}
+		switch head[0] {
+		case iStdout:
+			s.stdout.Write(payload)
+		case iStderr:
+			s.stderr.Write(payload)
+		case iOutFile:
+			f, err := decodeFile(payload, true)
+			if err != nil {
+				s.events <- event{kind: iError, msg: err.Error()}
+				return
+			}
+			s.files = append(s.files, f)
+		case iSkipped:
+			s.skipped = true
+		case iExit:
+			if n < 20 {
+				s.events <- event{kind: iError, msg: "the init sent a short exit frame"}
+				return
+			}
+			s.events <- event{kind: iExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
+				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:]))}
+		case iError:
+			s.events <- event{kind: iError, msg: string(payload)}
+		default:
+			s.events <- event{kind: head[0], at: time.Now()}
+		}
+	}
+}
+
+// decodeFile reads a file frame: a uint16 path length, the path, then (from
+// the init) a uint64 size, and the data.
+func decodeFile(p []byte, sized bool) (File, error) {
+	if len(p) < 2 {
+		return File{}, errors.New("short file frame")
+	}
+	pn := int(binary.BigEndian.Uint16(p))
+	p = p[2:]
+	if len(p) < pn {
+		return File{}, errors.New("short file frame")
+	}
+	f := File{Path: string(p[:pn])}
+	p = p[pn:]
+	if sized {
+		if len(p) < 8 || binary.BigEndian.Uint64(p) != uint64(len(p)-8) {
+			return File{}, errors.New("file frame of the wrong size")
+		}
+		p = p[8:]
+	}
+	if err := CheckRelPath(f.Path); err != nil {
+		return File{}, fmt.Errorf("the init sent an output file with a bad path: %w", err)
+	}
+	f.Data = p
+	return f, nil
+}
+
+func frame(typ byte, payload ...[]byte) []byte {
+	n := 0
+	for _, p := range payload {
+		n += len(p)
+	}
+	b := make([]byte, 5, 5+n)
+	b[0] = typ
+	binary.BigEndian.PutUint32(b[1:], uint32(n))
+	for _, p := range payload {
+		b = append(b, p...)
+	}
+	return b
+}
+
+// send writes the call to the init: files, stdin, then the code. It runs
+// in its own goroutine: the init reads everything at once, but a dead one
+// must not hold the supervision up.
+func (s *session) send(req Request) {
+	go func() {
+		w := bufio.NewWriterSize(s.to, 64<<10)
+		for _, f := range req.Files {
+			var pn [2]byte
+			binary.BigEndian.PutUint16(pn[:], uint16(len(f.Path)))
+			w.Write(frame(hFile, pn[:], []byte(f.Path), f.Data))
+		}
+		for p := req.Stdin; len(p) > 0; {
+			n := min(len(p), 64<<10)
+			w.Write(frame(hStdin, p[:n]))
+			p = p[n:]
+		}
+		w.Write(frame(hStdinEnd))
+		w.Write(frame(hCode, req.Code))
+		w.Flush()
+	}()
+}
+
+// kill asks the init to kill the code; its answer follows as usual.
+func (s *session) kill() {
+	go s.to.Write(frame(hKill))
+}
+
+// closeInput closes the init's stdin: an init that still waits for a call
+// then kills everything and exits.
+func (s *session) closeInput() {
+	s.writeOnce.Do(func() { s.to.Close() })
+}
+
+// waitReady waits for the init to report its interpreter ready.
+func (s *session) waitReady(ctx context.Context, c container) error {
+	timer := time.NewTimer(readyTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case ev := <-s.events:
+			switch ev.kind {
+			case iReady:
+				return nil
+			case iError:
+				return fmt.Errorf("the sandbox's init: %s", ev.msg)
+			case iExit, 0:
+				// The interpreter ended before it read any code.
+				return fmt.Errorf("the interpreter did not start: %s", s.failure())
+			}
+		case <-timer.C:
+			return fmt.Errorf("the interpreter was not ready within %v", readyTimeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.exited():
+			return fmt.Errorf("the sandbox's init exited before the interpreter was ready: %s", s.failure())
+		}
+	}
+}
+
+// failure describes what the init and the interpreter said before they
+// failed, for the operator's log.
+func (s *session) failure() string {
+	for _, b := range []*cappedBuffer{s.diag, s.stderr, s.stdout} {
+		if msg, _, _ := b.result(); len(msg) > 0 {
+			return lastLines(msg, 5)
+		}
+	}
+	return "no message"
+}
+
+// supervise runs one call on a ready sandbox: it hands the init the call,
+// counts the timeout from when the code has it, kills on timeout or
+// cancellation, and collects the verdict. arm, when not nil, is told the
+// deadline past which an outside watchdog may kill the container.
+func supervise(ctx context.Context, c container, s *session, req Request, arm func(deadline time.Time)) (Result, error) {
+	var res Result
+	s.send(req)
+
+	var (
+		start     time.Time
+		timer     <-chan time.Time
+		grace     <-chan time.Time
+		exitEv    *event
+		cpu0      time.Duration
+		cpu1      time.Duration
+		ended     bool // the init's stdout ended
+		ctxErr    error
+		initError string
+	)
+	stopTimer := func() {}
+	for !ended {
+		select {
+		case ev := <-s.events:
+			switch ev.kind {
+			case iStarted:
+				start = ev.at
+				cpu0 = c.cpu()
+				t := time.NewTimer(time.Until(start.Add(req.Timeout)))
+				timer, stopTimer = t.C, func() { t.Stop() }
+				if arm != nil {
+					arm(start.Add(req.Timeout + killGrace + exportTimeout))
+				}
+			case iExit:
+				exitEv = &ev
+				res.Duration = ev.at.Sub(start)
+				cpu1 = c.cpu()
+				stopTimer()
+				timer = nil
+				grace = time.After(exportTimeout)
+			case iError:
+				if start.IsZero() {
+					// The call could not be set up (an input file failed):
+					// nothing of it runs.
+					initError = ev.msg
+					c.kill()
+				}
+			case iDone:
+			case 0:
+				ended = true
+			}
+		case <-timer:
+			res.TimedOut = true
+			timer = nil
+			s.kill()
+			grace = time.After(killGrace)
+		case <-grace:
+			grace = nil
+			c.kill()
+		case <-ctx.Done():
+			ctxErr = ctx.Err()
+			c.kill()
+			ctx = context.Background()
+		}
+	}
+	stopTimer()
+	s.closeInput()
+	select {
+	case <-c.exited():
+	case <-time.After(teardownTimeout):
+		c.kill()
+	}
+
+	res.Stdout, res.StdoutTruncated, res.StdoutBytes = s.stdout.result()
+	res.Stderr, res.StderrTruncated, res.StderrBytes = s.stderr.result()
+	res.Stdout, res.Stderr = capped(res.Stdout, req.MaxOutputBytes, &res.StdoutTruncated), capped(res.Stderr, req.MaxOutputBytes, &res.StderrTruncated)
+	res.Files, res.FilesTruncated = s.files, s.skipped
+	c.verdict(&res)
+	// The code's CPU time: from when it had its code to its exit, not the
+	// interpreter's start-up before (or gVisor's boot).
+	if exitEv == nil {
+		cpu1 = res.CPUTime
+	}
+	if !start.IsZero() && cpu1 >= cpu0 {
+		res.CPUTime = cpu1 - cpu0
+	}
+	switch {
+	case ctxErr != nil:
+		return res, ctxErr
+	case initError != "":
+		return res, fmt.Errorf("%w: %s", ErrSandbox, initError)
+	case start.IsZero():
+		return res, fmt.Errorf("%w: the code could not be started: %s", ErrSandbox, s.failure())
+	case exitEv != nil:
+		ws := exitEv.status
+		res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))
+		// The init counted everything; it sent only what fits the cap.
+		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, exitEv.outTotal), max(res.StderrBytes, exitEv.errTotal)
+		res.StdoutTruncated = res.StdoutTruncated || exitEv.outTotal > int64(len(res.Stdout))
+		res.StderrTruncated = res.StderrTruncated || exitEv.errTotal > int64(len(res.Stderr))
+	default:
+		// The init died with the code running: the memory limit's OOM
+		// killer, or under gVisor the whole sandbox ending, or a kill after
+		// the grace. The container was killed: say so as a signal would.
+		res.Duration = time.Since(start)
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+	}
+	return res, nil
+}
+
+// capped keeps at most n bytes of b.
+func capped(b []byte, n int64, truncated *bool) []byte {
+	if int64(len(b)) > n {
+		*truncated = true
+		return b[:n]
+	}
+	return b
+}
+
+func lastLines(b []byte, n int) string {
+	lines := splitLines(b)
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	out := ""
+	for i, l := range lines {
+		if i > 0 {
+			out += " | "
+		}
+		out += l
+	}
+	return out
+}
+
+func splitLines(b []byte) []string {
+	var lines []string
+	start := 0
+	for i, c := range b {
+		if c == '\n' {
+			if i > start {
+				lines = append(lines, string(b[start:i]))
+			}
+			start = i + 1
+		}
+	}
+	if start < len(b) {
+		lines = append(lines, string(b[start:]))
+	}
+	return lines
+}
