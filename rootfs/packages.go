@@ -11,9 +11,11 @@ import (
 )
 
 // MatplotlibBackend is the MPLBACKEND value that makes matplotlib use the
-// backend Build writes into a rootfs with matplotlib: plt.show() saves every
-// open figure to /tmp/outputs as PNG (figure-1.png, figure-2.png, ...; an
-// existing file is never overwritten) with Agg, then closes them.
+// backend Build writes into a rootfs with matplotlib: Agg, with plt.show()
+// saving every open figure to /tmp/outputs as PNG (figure-1.png,
+// figure-2.png, ...; an existing file is never overwritten) and closing
+// them. fig.show() saves that one figure, which plt.show() then does not
+// save again.
 const MatplotlibBackend = "module://" + matplotlibBackendModule
 
 const matplotlibBackendModule = "mcp_exec_backend"
@@ -29,7 +31,8 @@ const matplotlibBackendSource = `"""matplotlib backend of mcp-exec's sandbox: Ag
 
 plt.show() writes every open figure as PNG to ` + OutputsDir + `, as
 figure-1.png, figure-2.png, ..., never over an existing file, and closes
-the figures: the caller gets them back as files.
+the figures: the caller gets them back as files. fig.show() writes that
+figure, and plt.show() does not write it again.
 """
 import os
 
@@ -37,29 +40,41 @@ from matplotlib._pylab_helpers import Gcf
 from matplotlib.backend_bases import FigureManagerBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-FigureCanvas = FigureCanvasAgg
-FigureManager = FigureManagerBase
-
-OUTPUTS = ` + "\"" + OutputsDir + "\"" + `
+OUTPUTS = "` + OutputsDir + `"
 _next = 1
 
 
-def _create():
+def _save(figure):
     global _next
     os.makedirs(OUTPUTS, exist_ok=True)
     while True:
         path = os.path.join(OUTPUTS, "figure-%d.png" % _next)
         _next += 1
         try:
-            return open(path, "xb")
+            f = open(path, "xb")
         except FileExistsError:
             continue
+        with f:
+            figure.savefig(f, format="png")
+        return
+
+
+class FigureManager(FigureManagerBase):
+    _saved = False
+
+    def show(self):
+        _save(self.canvas.figure)
+        self._saved = True
+
+
+class FigureCanvas(FigureCanvasAgg):
+    manager_class = FigureManager
 
 
 def show(*args, **kwargs):
     for manager in Gcf.get_all_fig_managers():
-        with _create() as f:
-            manager.canvas.figure.savefig(f, format="png")
+        if not getattr(manager, "_saved", False):
+            _save(manager.canvas.figure)
     Gcf.destroy_all()
 `
 

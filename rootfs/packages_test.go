@@ -350,7 +350,8 @@ func runSandboxed(t *testing.T, root, tmp string, env []string, args ...string) 
 }
 
 // plotScript is the typical analysis: a CSV through pandas into a plot,
-// shown twice.
+// shown; then another figure shown by pyplot, and one by itself (which
+// pyplot must not save again).
 const plotScript = `
 import io, json, os, time
 start = time.monotonic()
@@ -364,6 +365,10 @@ plt.show()
 plt.figure()
 plt.bar(["a", "b"], [1, 2])
 plt.title("caf\u00e9 \u2013 \u03c0")
+plt.show()
+fig, ax = plt.subplots()
+ax.scatter([1, 2], [2, 1])
+fig.show()
 plt.show()
 print(json.dumps({
     "backend": matplotlib.get_backend(),
@@ -406,8 +411,8 @@ func TestPackagesPlotChrooted(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("plot script output %q: %v", out, err)
 	}
-	if got.Backend != MatplotlibBackend || strings.Join(got.Outputs, " ") != "figure-1.png figure-2.png figure-3.png" || len(got.Figures) != 0 {
-		t.Errorf("plot script: backend %q, outputs %q, figures left open %v; want %s, figure-1.png (the user's) figure-2.png figure-3.png, none",
+	if got.Backend != MatplotlibBackend || strings.Join(got.Outputs, " ") != "figure-1.png figure-2.png figure-3.png figure-4.png" || len(got.Figures) != 0 {
+		t.Errorf("plot script: backend %q, outputs %q, figures left open %v; want %s, figure-1.png (the user's) to figure-4.png, none",
 			got.Backend, got.Outputs, got.Figures, MatplotlibBackend)
 	}
 	if got.TZ != "2024-01-01 00:00:00+01:00" {
@@ -416,7 +421,7 @@ func TestPackagesPlotChrooted(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(outputs, "figure-1.png")); err != nil || string(data) != "mine" {
 		t.Errorf("figure-1.png, there before = %q, %v; want it untouched", data, err)
 	}
-	for _, name := range []string{"figure-2.png", "figure-3.png"} {
+	for _, name := range []string{"figure-2.png", "figure-3.png", "figure-4.png"} {
 		data, err := os.ReadFile(filepath.Join(outputs, name))
 		if err != nil || !bytes.HasPrefix(data, []byte("\x89PNG\r\n\x1a\n")) || len(data) < 1000 {
 			t.Errorf("%s: %d bytes, err %v; want a PNG", name, len(data), err)
@@ -450,10 +455,13 @@ print(json.dumps({
     "shell": subprocess.run("echo $((6*7)) | cat", shell=True, capture_output=True, text=True).stdout,
     "system": os.system("true"),
     "host_only": [m for m in ("pip", "apt", "apt_pkg", "tkinter", "_tkinter", "scipy", "sympy", "lxml") if importable(m)],
+    "backend": plt.get_backend(),
 }))
 `
 	out := runSandboxed(t, root, t.TempDir(), nil, PythonPath, "-c", script)
-	want := `{"yaml": {"a": [1, 2]}, "jinja2": "hi!", "inv": true, "shell": "42\n", "system": 0, "host_only": []}`
+	// No MPLBACKEND: the rootfs's /etc/matplotlibrc makes the sandbox's
+	// backend the default.
+	want := `{"yaml": {"a": [1, 2]}, "jinja2": "hi!", "inv": true, "shell": "42\n", "system": 0, "host_only": [], "backend": "module://mcp_exec_backend"}`
 	if strings.TrimSpace(out) != want {
 		t.Errorf("imports in the rootfs printed\n%s\nwant\n%s", out, want)
 	}
