@@ -41,6 +41,11 @@ var excludedRel = map[string]bool{
 	"lib2to3/tests": true,
 }
 
+// excludedModulePrefixes start the names of extension modules left out
+// with their Python half: _tkinter (Debian's python3-tk puts it into
+// lib-dynload) would pull in Tcl/Tk and X11 for a tkinter that is not there.
+var excludedModulePrefixes = []string{"_tkinter."}
+
 // excludedAnywhere: third-party packages are not part of the default rootfs;
 // what a sandbox can import must not depend on what the host happens to have.
 var excludedAnywhere = map[string]bool{
@@ -48,11 +53,14 @@ var excludedAnywhere = map[string]bool{
 	"dist-packages": true,
 }
 
-// etcFiles are the only /etc content: enough for getpwuid, getgrgid and
-// resolving localhost, nothing of the host's configuration.
+type etcFile struct{ name, content string }
+
+// etcFiles are the /etc of every rootfs: enough for getpwuid, getgrgid and
+// resolving localhost, nothing of the host's configuration. A package may
+// add its own, from a constant (matplotlibRC).
 // The ids must match policy.UID and policy.GID; rootfs does not import policy
 // (see STYLE.md), so a change there must be made here by hand.
-var etcFiles = []struct{ name, content string }{
+var etcFiles = []etcFile{
 	{"passwd", "root:x:0:0:root:/root:/sbin/nologin\nsandbox:x:65532:65532:sandbox:/tmp:/sbin/nologin\n"},
 	{"group", "root:x:0:\nsandbox:x:65532:\n"},
 	{"hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost sandbox\n"},
@@ -60,19 +68,31 @@ var etcFiles = []struct{ name, content string }{
 	{"nsswitch.conf", "passwd: files\ngroup: files\nhosts: files\n"},
 }
 
-// Build builds a rootfs for py into out, which must not exist. It builds in a
-// temp dir next to out (same filesystem, so the final rename is atomic), calls
-// validate(ctx, tmpDir) if validate is not nil, then renames the temp dir to
-// out. On any error the temp dir is removed. Nothing is downloaded.
-func Build(ctx context.Context, py Interpreter, out string, validate func(ctx context.Context, dir string) error) error {
-	return build(ctx, py, out, "", validate)
+// Build builds a rootfs for py with opts into out, which must not exist. It
+// builds in a temp dir next to out (same filesystem, so the final rename is
+// atomic), calls validate(ctx, tmpDir) if validate is not nil, then renames
+// the temp dir to out. On any error the temp dir is removed. Nothing is
+// downloaded: a package opts names that the host lacks is a
+// *MissingPackagesError (wrapped) that says how to install it.
+func Build(ctx context.Context, py Interpreter, opts Options, out string, validate func(ctx context.Context, dir string) error) error {
+	return build(ctx, py, opts, out, "", validate)
 }
 
 // build is Build that, if manifestPath is not empty, also writes there the
 // manifest of what the rootfs was built from, before the rootfs appears: a
 // rootfs in the cache always has one.
-func build(ctx context.Context, py Interpreter, out, manifestPath string, validate func(ctx context.Context, dir string) error) (retErr error) {
+func build(ctx context.Context, py Interpreter, opts Options, out, manifestPath string, validate func(ctx context.Context, dir string) error) error {
+	return buildFrom(ctx, dpkgDir, py, opts, out, manifestPath, validate)
+}
+
+// buildFrom is build taking packages from the dpkg database in dpkgDir.
+func buildFrom(ctx context.Context, dpkgDir string, py Interpreter, opts Options, out, manifestPath string, validate func(ctx context.Context, dir string) error) (retErr error) {
 	if err := py.checkPaths(); err != nil {
+		return fmt.Errorf("building rootfs: %w", err)
+	}
+	// Checked now, normalized later: messages name packages as the user
+	// did.
+	if err := opts.Validate(); err != nil {
 		return fmt.Errorf("building rootfs: %w", err)
 	}
 	out, err := filepath.Abs(out)
@@ -99,7 +119,7 @@ func build(ctx context.Context, py Interpreter, out, manifestPath string, valida
 		return fmt.Errorf("building rootfs: %w", err)
 	}
 
-	m, err := populate(ctx, py, tmp)
+	m, err := populate(ctx, dpkgDir, py, opts, tmp)
 	if err != nil {
 		return fmt.Errorf("building rootfs: %w", err)
 	}
@@ -169,23 +189,41 @@ type builder struct {
 	// src records the host paths the rootfs is made from; nil records
 	// nothing.
 	src *sources
+	// dpkgDir is the dpkg database packages are taken from.
+	dpkgDir string
+	// keepTests keeps the tests/ trees of packages; only measurements
+	// want them.
+	keepTests bool
+	// etc are files of /etc beyond etcFiles that a package needs.
+	etc []etcFile
 }
 
 type copyJob struct {
-	src  string // host path; the copy goes to root+src
+	src  string // host path
+	dst  string // path in the rootfs: src, or the name of a link to it
 	info fs.FileInfo
 }
 
-// populate fills root and returns the manifest of what it copied and looked at.
-func populate(ctx context.Context, py Interpreter, root string) (*manifest, error) {
-	b := &builder{ctx: ctx, root: root, made: map[string]bool{"/": true}, src: newSources()}
-	if err := b.populate(py); err != nil {
+// populate fills root and returns the manifest of what it copied and looked
+// at.
+func populate(ctx context.Context, dpkgDir string, py Interpreter, opts Options, root string) (*manifest, error) {
+	b := &builder{ctx: ctx, root: root, made: map[string]bool{"/": true}, src: newSources(), dpkgDir: dpkgDir}
+	if err := b.populate(py, opts); err != nil {
 		return nil, err
 	}
 	return b.src.manifest(), nil
 }
 
-func (b *builder) populate(py Interpreter) error {
+func (b *builder) populate(py Interpreter, opts Options) error {
+	// What the host lacks is said before anything is copied.
+	var plan *hostPlan
+	if opts.hasPackages() || opts.Shell {
+		var err error
+		if plan, err = planHost(py, opts, b.dpkgDir, b.src); err != nil {
+			return err
+		}
+	}
+
 	exe, err := b.place(py.Path)
 	if err != nil {
 		return err
@@ -220,6 +258,16 @@ func (b *builder) populate(py Interpreter) error {
 		modules = append(modules, elfs...)
 	}
 
+	var pkgLinks []string
+	if plan != nil && plan.sel != nil {
+		links, elfs, err := b.packages(py, plan)
+		if err != nil {
+			return err
+		}
+		pkgLinks = links
+		modules = append(modules, elfs...)
+	}
+
 	r, err := newResolver(b.src)
 	if err != nil {
 		return err
@@ -227,6 +275,13 @@ func (b *builder) populate(py Interpreter) error {
 	deps, err := r.closure(exe, modules)
 	if err != nil {
 		return err
+	}
+	if plan != nil && plan.busybox != "" {
+		more, err := b.shell(r, plan.busybox)
+		if err != nil {
+			return err
+		}
+		deps = append(deps, more...)
 	}
 	for _, d := range deps {
 		if _, err := b.place(d.path); err != nil {
@@ -245,7 +300,9 @@ func (b *builder) populate(py Interpreter) error {
 	// the rootfs: a dangling one (Debian's sitecustomize.py ->
 	// /etc/python3.X/sitecustomize.py) makes Python print an error at
 	// every start.
-	for _, l := range treeLinks {
+	// So are the links of packages: matplotlib's to jquery, which is not
+	// taken, would lead out of what the rootfs holds.
+	for _, l := range append(treeLinks, pkgLinks...) {
 		target, err := filepath.EvalSymlinks(l)
 		if err != nil || !b.made[target] {
 			continue
@@ -269,6 +326,16 @@ func (b *builder) populate(py Interpreter) error {
 
 	if err := b.pythonLink(py.Path); err != nil {
 		return err
+	}
+	if mp := PackagesDirMountPoint(py); mp != "" {
+		if err := b.emptyDir(mp); err != nil {
+			return err
+		}
+	}
+	if plan.has("python3-matplotlib") {
+		if err := b.matplotlibBackend(plan); err != nil {
+			return err
+		}
 	}
 	if err := b.copyFiles(); err != nil {
 		return err
@@ -323,6 +390,24 @@ func (b *builder) place(p string) (string, error) {
 			target, err := os.Readlink(next)
 			if err != nil {
 				return "", fmt.Errorf("copying %s: %w", p, err)
+			}
+			dest := target
+			if !filepath.IsAbs(dest) {
+				dest = filepath.Join(cur, dest)
+			}
+			if within(filepath.Clean(dest), "/etc") {
+				// Debian's alternatives (libblas.so.3 ->
+				// /etc/alternatives/libblas.so.3-x86_64-linux-gnu ->
+				// openblas-pthread/libblas.so.3): /etc in the rootfs is
+				// the skeleton, so the file the chain ends in is copied
+				// under the link's name.
+				if len(todo) > 0 {
+					return "", fmt.Errorf("copying %s: %s leads through /etc to a directory, which is not copied", p, next)
+				}
+				if err := b.materialize(next); err != nil {
+					return "", err
+				}
+				return next, nil
 			}
 			if err := b.symlink(next, target); err != nil {
 				return "", err
@@ -400,15 +485,61 @@ func (b *builder) symlink(p, target string) error {
 }
 
 func (b *builder) addFile(p string, fi fs.FileInfo) error {
-	if b.made[p] {
+	return b.addFileAs(p, p, fi)
+}
+
+// addFileAs queues the host file src to be copied to dst in the rootfs.
+func (b *builder) addFileAs(src, dst string, fi fs.FileInfo) error {
+	if b.made[dst] {
 		return nil
 	}
-	if err := b.claim(p); err != nil {
+	if err := b.claim(dst); err != nil {
 		return err
 	}
-	b.files = append(b.files, copyJob{src: p, info: fi})
-	b.made[p] = true
+	b.files = append(b.files, copyJob{src: src, dst: dst, info: fi})
+	b.made[dst] = true
 	return nil
+}
+
+// materialize queues a copy, under the name of the host link link, of the
+// regular file its chain of links ends in, and records every link of the
+// chain: update-alternatives switching OpenBLAS for the reference BLAS must
+// rebuild.
+func (b *builder) materialize(link string) error {
+	if b.made[link] {
+		return nil
+	}
+	p := link
+	for hops := 0; ; hops++ {
+		if hops > 40 {
+			return fmt.Errorf("copying %s: %w", link, unix.ELOOP)
+		}
+		fi, err := os.Lstat(p)
+		b.src.record(p, fi, err)
+		if err != nil {
+			return fmt.Errorf("copying %s: %w", link, err)
+		}
+		if fi.Mode().IsRegular() {
+			return b.addFileAs(p, link, fi)
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			return fmt.Errorf("copying %s: it leads to %s, a %v, not a file", link, p, fi.Mode().Type())
+		}
+		target, err := os.Readlink(p)
+		if err != nil {
+			return fmt.Errorf("copying %s: %w", link, err)
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(p), target)
+		}
+		// Links in the dirs on the way are followed, not recorded: the
+		// last hop of the chain is what alternatives change.
+		dir, err := filepath.EvalSymlinks(filepath.Dir(target))
+		if err != nil {
+			return fmt.Errorf("copying %s: %w", link, err)
+		}
+		p = filepath.Join(dir, filepath.Base(target))
+	}
 }
 
 // copyTree reproduces the real dir tree below dir, minus the exclusions.
@@ -441,6 +572,11 @@ func (b *builder) copyTree(dir string) (links, elfs []string, err error) {
 			// the size of the stdlib and need a linker to be of any use.
 			if strings.HasSuffix(d.Name(), ".a") {
 				return nil
+			}
+			for _, prefix := range excludedModulePrefixes {
+				if strings.HasPrefix(d.Name(), prefix) {
+					return nil
+				}
 			}
 			fi, err := d.Info()
 			if err != nil {
@@ -550,7 +686,7 @@ func (b *builder) copyFiles() error {
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				if err := copyFile(j.src, filepath.Join(b.root, j.src), j.info); err != nil {
+				if err := copyFile(j.src, filepath.Join(b.root, j.dst), j.info); err != nil {
 					once.Do(func() { firstErr = err; cancel() })
 				}
 			}
@@ -659,7 +795,7 @@ func (b *builder) skeleton() error {
 	if err := os.Chmod(etc, 0o755); err != nil {
 		return fmt.Errorf("creating /etc: %w", err)
 	}
-	for _, f := range etcFiles {
+	for _, f := range append(slices.Clone(etcFiles), b.etc...) {
 		p := filepath.Join(etc, f.name)
 		if err := os.WriteFile(p, []byte(f.content), 0o644); err != nil {
 			return fmt.Errorf("creating /etc/%s: %w", f.name, err)

@@ -49,12 +49,14 @@ const manifestSuffix = ".manifest"
 // trashPrefix starts the name a generation is renamed to before it is removed.
 const trashPrefix = ".removing-"
 
-type buildFunc func(ctx context.Context, py Interpreter, out, manifestPath string, validate func(context.Context, string) error) error
+type buildFunc func(ctx context.Context, py Interpreter, opts Options, out, manifestPath string, validate func(context.Context, string) error) error
 
-// Ensure returns a cached rootfs for py under cacheDir, building it with Build
-// if there is none, or if a host file it was built from (a library, a stdlib
-// file, ld.so.conf) has changed since: a security update of libssl that
-// leaves python3 alone must reach the sandbox. The dir returned stays as it is
+// Ensure returns a cached rootfs for py with opts under cacheDir, building it
+// with Build if there is none, or if a host file it was built from (a
+// library, a stdlib file, a package's file or file list, ld.so.conf) has
+// changed since: a security update of libssl or an upgrade of
+// python3-numpy that leaves python3 alone must reach the sandbox. Each
+// normalized opts has its own cache entry (Options.Key). The dir returned stays as it is
 // for as long as the calling process lives, even after a later Ensure
 // replaced it; use the dir, not the cache's link to it.
 //
@@ -63,15 +65,19 @@ type buildFunc func(ctx context.Context, py Interpreter, out, manifestPath strin
 // cacheDir is created 0755 if missing: the rootfs must be readable by the
 // sandbox's uid. A warm call costs one lstat per host file the rootfs was
 // built from (a few ms for the stdlib's ~1500).
-func Ensure(ctx context.Context, py Interpreter, cacheDir string, validate func(ctx context.Context, dir string) error) (string, error) {
-	return ensure(ctx, py, cacheDir, validate, build)
+func Ensure(ctx context.Context, py Interpreter, opts Options, cacheDir string, validate func(ctx context.Context, dir string) error) (string, error) {
+	return ensure(ctx, py, opts, cacheDir, validate, build)
 }
 
-func ensure(ctx context.Context, py Interpreter, cacheDir string, validate func(context.Context, string) error, build buildFunc) (_ string, retErr error) {
+func ensure(ctx context.Context, py Interpreter, opts Options, cacheDir string, validate func(context.Context, string) error, build buildFunc) (_ string, retErr error) {
 	if cacheDir == "" {
 		return "", errors.New("ensuring rootfs: no cache dir (set MCP_EXEC_ROOTFS or HOME)")
 	}
-	c := cacheEntry{dir: cacheDir, key: py.Key()}
+	norm, err := opts.Normalize()
+	if err != nil {
+		return "", fmt.Errorf("ensuring rootfs: %w", err)
+	}
+	c := cacheEntry{dir: cacheDir, key: norm.key(py)}
 	if dir, _, err := c.lookup(); dir != "" || err != nil {
 		if dir != "" {
 			tidy(cacheDir)
@@ -103,7 +109,7 @@ func ensure(ctx context.Context, py Interpreter, cacheDir string, validate func(
 		return "", err
 	}
 	out := filepath.Join(cacheDir, name)
-	if err := build(ctx, py, out, out+manifestSuffix, validate); err != nil {
+	if err := build(ctx, py, opts, out, out+manifestSuffix, validate); err != nil {
 		if why != "" {
 			return "", fmt.Errorf("ensuring rootfs in %s: rebuilding, as the cached one is stale (%s): %w", cacheDir, why, err)
 		}

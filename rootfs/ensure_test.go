@@ -16,15 +16,15 @@ import (
 
 // countingBuild is build, counted.
 func countingBuild(n *atomic.Int32) buildFunc {
-	return func(ctx context.Context, py Interpreter, out, manifestPath string, validate func(context.Context, string) error) error {
+	return func(ctx context.Context, py Interpreter, opts Options, out, manifestPath string, validate func(context.Context, string) error) error {
 		n.Add(1)
-		return build(ctx, py, out, manifestPath, validate)
+		return build(ctx, py, opts, out, manifestPath, validate)
 	}
 }
 
 // mkdirBuild builds an empty dir with an empty manifest: a rootfs that is
 // never stale, and not one Check accepts.
-func mkdirBuild(_ context.Context, _ Interpreter, out, manifestPath string, _ func(context.Context, string) error) error {
+func mkdirBuild(_ context.Context, _ Interpreter, _ Options, out, manifestPath string, _ func(context.Context, string) error) error {
 	if err := writeManifest(manifestPath, &manifest{Format: manifestFormat}); err != nil {
 		return err
 	}
@@ -71,7 +71,7 @@ func TestEnsureBuildsOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dirs[i], errs[i] = ensure(context.Background(), py, cache, nil, build)
+			dirs[i], errs[i] = ensure(context.Background(), py, Options{}, cache, nil, build)
 		}()
 	}
 	wg.Wait()
@@ -92,7 +92,7 @@ func TestEnsureBuildsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := ensure(context.Background(), py, cache, nil, build)
+	got, err := ensure(context.Background(), py, Options{}, cache, nil, build)
 	if err != nil || got != want {
 		t.Fatalf("second Ensure = %q, %v; want %s", got, err, want)
 	}
@@ -127,7 +127,7 @@ func TestBuildFailingValidateLeavesNothing(t *testing.T) {
 	out := filepath.Join(parent, "rootfs")
 	errInvalid := errors.New("python did not start")
 	var validated string
-	err := Build(context.Background(), py, out, func(ctx context.Context, dir string) error {
+	err := Build(context.Background(), py, Options{}, out, func(ctx context.Context, dir string) error {
 		validated = dir
 		if err := Check(dir); err != nil {
 			t.Errorf("validate got an incomplete rootfs: %v", err)
@@ -145,7 +145,7 @@ func TestBuildFailingValidateLeavesNothing(t *testing.T) {
 	}
 
 	cache := t.TempDir()
-	_, err = Ensure(context.Background(), py, cache, func(context.Context, string) error { return errInvalid })
+	_, err = Ensure(context.Background(), py, Options{}, cache, func(context.Context, string) error { return errInvalid })
 	if !errors.Is(err, errInvalid) {
 		t.Errorf("Ensure with a failing validate = %v, want it to wrap %v", err, errInvalid)
 	}
@@ -157,7 +157,7 @@ func TestBuildFailingValidateLeavesNothing(t *testing.T) {
 func TestBuildRefusesExistingOut(t *testing.T) {
 	py := hostPython(t)
 	out := t.TempDir()
-	err := Build(context.Background(), py, out, nil)
+	err := Build(context.Background(), py, Options{}, out, nil)
 	if err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("Build into existing %s = %v, want an 'already exists' error", out, err)
 	}
@@ -168,7 +168,7 @@ func TestBuildCancelled(t *testing.T) {
 	parent := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := Build(ctx, py, filepath.Join(parent, "rootfs"), nil)
+	err := Build(ctx, py, Options{}, filepath.Join(parent, "rootfs"), nil)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Build with a cancelled context = %v, want context.Canceled", err)
 	}
@@ -185,12 +185,12 @@ func TestEnsureRemovesLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sawLeftover bool
-	fake := func(ctx context.Context, py Interpreter, out, manifestPath string, validate func(context.Context, string) error) error {
+	fake := func(ctx context.Context, py Interpreter, opts Options, out, manifestPath string, validate func(context.Context, string) error) error {
 		_, err := os.Lstat(leftover)
 		sawLeftover = err == nil
-		return mkdirBuild(ctx, py, out, manifestPath, validate)
+		return mkdirBuild(ctx, py, opts, out, manifestPath, validate)
 	}
-	if _, err := ensure(context.Background(), py, cache, nil, fake); err != nil {
+	if _, err := ensure(context.Background(), py, Options{}, cache, nil, fake); err != nil {
 		t.Fatal(err)
 	}
 	if sawLeftover {
@@ -212,11 +212,11 @@ func TestEnsureWaitsForLockWithContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*lockPoll)
 	defer cancel()
 	built := false
-	fake := func(context.Context, Interpreter, string, string, func(context.Context, string) error) error {
+	fake := func(context.Context, Interpreter, Options, string, string, func(context.Context, string) error) error {
 		built = true
 		return errors.New("built")
 	}
-	_, err = ensure(ctx, py, cache, nil, fake)
+	_, err = ensure(ctx, py, Options{}, cache, nil, fake)
 	if !errors.Is(err, context.DeadlineExceeded) || built {
 		t.Errorf("Ensure while another holds the lock = %v (built %v), want context.DeadlineExceeded, no build", err, built)
 	}
@@ -224,7 +224,7 @@ func TestEnsureWaitsForLockWithContext(t *testing.T) {
 	// Once the holder is done, a waiting Ensure proceeds.
 	done := make(chan error, 1)
 	go func() {
-		_, err := ensure(context.Background(), py, cache, nil, mkdirBuild)
+		_, err := ensure(context.Background(), py, Options{}, cache, nil, mkdirBuild)
 		done <- err
 	}()
 	time.Sleep(lockPoll)
@@ -249,7 +249,7 @@ func TestEnsureReportsBrokenCache(t *testing.T) {
 		// A generation that Check refuses, and whose host files did not
 		// change: someone changed it.
 		{"broken generation", func(cache string) error {
-			_, err := ensure(context.Background(), py, cache, nil, mkdirBuild)
+			_, err := ensure(context.Background(), py, Options{}, cache, nil, mkdirBuild)
 			return err
 		}},
 		{"not a link", func(cache string) error {
@@ -264,7 +264,7 @@ func TestEnsureReportsBrokenCache(t *testing.T) {
 		if err := tt.setup(cache); err != nil {
 			t.Fatal(err)
 		}
-		_, err := Ensure(context.Background(), py, cache, nil)
+		_, err := Ensure(context.Background(), py, Options{}, cache, nil)
 		if err == nil || !strings.Contains(err.Error(), "remove "+filepath.Join(cache, key)) {
 			t.Errorf("%s: Ensure over a broken cache = %v, want an error saying what to remove", tt.name, err)
 		}
@@ -355,11 +355,11 @@ func TestEnsureRebuildsWhenHostChanges(t *testing.T) {
 	build := countingBuild(&builds)
 	c := cacheEntry{dir: cache, key: py.Key()}
 
-	first, err := ensure(ctx, py, cache, nil, build)
+	first, err := ensure(ctx, py, Options{}, cache, nil, build)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, err := ensure(ctx, py, cache, nil, build); err != nil || again != first || builds.Load() != 1 {
+	if again, err := ensure(ctx, py, Options{}, cache, nil, build); err != nil || again != first || builds.Load() != 1 {
 		t.Fatalf("Ensure with nothing changed = %q, %v (builds %d); want %s, 1 build", again, err, builds.Load(), first)
 	}
 
@@ -419,14 +419,14 @@ func TestEnsureRebuildsWhenHostChanges(t *testing.T) {
 		if dir, why, err := c.lookup(); dir != "" || err != nil || !strings.Contains(why, st.want) {
 			t.Errorf("%s: lookup() = %q, %q, %v; want it stale because %q", st.name, dir, why, err, st.want)
 		}
-		got, err := ensure(ctx, py, cache, nil, build)
+		got, err := ensure(ctx, py, Options{}, cache, nil, build)
 		if err != nil {
 			t.Fatalf("%s: Ensure: %v", st.name, err)
 		}
 		if got == prev || builds.Load() != n+1 {
 			t.Errorf("%s: Ensure = %q (builds %d), want a new generation, not %s", st.name, got, builds.Load()-n, prev)
 		}
-		if again, err := ensure(ctx, py, cache, nil, build); err != nil || again != got || builds.Load() != n+1 {
+		if again, err := ensure(ctx, py, Options{}, cache, nil, build); err != nil || again != got || builds.Load() != n+1 {
 			t.Errorf("%s: Ensure again = %q, %v (builds %d); want %s, no build", st.name, again, err, builds.Load()-n, got)
 		}
 		dirs = append(dirs, got)
@@ -452,7 +452,7 @@ func TestEnsureRebuildsWhenHostChanges(t *testing.T) {
 	for _, d := range dirs[:len(dirs)-1] {
 		release(d)
 	}
-	if got, err := ensure(ctx, py, cache, nil, build); err != nil || got != current {
+	if got, err := ensure(ctx, py, Options{}, cache, nil, build); err != nil || got != current {
 		t.Fatalf("Ensure = %q, %v; want %s", got, err, current)
 	}
 	key := py.Key()
@@ -471,7 +471,7 @@ func TestEnsureRebuildsWhenHostChanges(t *testing.T) {
 		t.Errorf("a generation another process holds was removed: %v", err)
 	}
 	om.f.Close()
-	if _, err := ensure(ctx, py, cache, nil, build); err != nil {
+	if _, err := ensure(ctx, py, Options{}, cache, nil, build); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := strings.Join(dirNames(t, cache), " "), names(current); got != want {
@@ -583,7 +583,7 @@ func BenchmarkEnsureWarm(b *testing.B) {
 	py := hostPython(b)
 	cache := b.TempDir()
 	ctx := context.Background()
-	dir, err := Ensure(ctx, py, cache, nil)
+	dir, err := Ensure(ctx, py, Options{}, cache, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -602,7 +602,7 @@ func BenchmarkEnsureWarm(b *testing.B) {
 	base := time.Since(start) / baseRuns
 
 	for b.Loop() {
-		if got, err := Ensure(ctx, py, cache, nil); err != nil || got != dir {
+		if got, err := Ensure(ctx, py, Options{}, cache, nil); err != nil || got != dir {
 			b.Fatalf("Ensure = %q, %v; want %s", got, err, dir)
 		}
 	}

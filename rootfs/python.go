@@ -25,6 +25,11 @@ type Interpreter struct {
 	PlatStdlib string // sysconfig platstdlib (often the same as Stdlib)
 	DynLoad    string // lib-dynload dir
 	Hash       string // sha256 hex of the executable's content
+	// SitePackages are site.getsitepackages(), in sys.path order: the dirs
+	// site adds to sys.path when they exist. Debian's python lists
+	// /usr/local/lib/python3.X/dist-packages first, then
+	// /usr/lib/python3/dist-packages, where its python3-* packages are.
+	SitePackages []string
 }
 
 // keyVersion is mixed into every cache key. Bump it whenever Build puts
@@ -32,14 +37,23 @@ type Interpreter struct {
 // caches built by an older mcp-exec are not reused. v2: generations with
 // manifests behind a link (see ensure.go); a v1 entry is a plain dir at the
 // key, which a v1 server may still be running on, so it is left alone.
-// v3: the /.mcp-exec mount point of the init.
+//
+// v3: Options (packages, shell), the empty packages dir mount point, and the
+// /.mcp-exec mount point of the init.
 const keyVersion = "rootfs-v3"
 
-// Key is the cache key: a short hex of sha256(path, version, content hash),
-// stable for the same interpreter.
+// Key is the cache key of the stdlib-only rootfs: Options{}.Key(py).
 func (py Interpreter) Key() string {
+	return Options{}.key(py)
+}
+
+// key is a short hex of sha256(path, version, content hash, options), stable
+// for the same interpreter and the same normalized options: different
+// package sets get different cached rootfs generations. o must be
+// normalized.
+func (o Options) key(py Interpreter) string {
 	h := sha256.New()
-	for _, s := range []string{keyVersion, py.Path, py.Version, py.Hash} {
+	for _, s := range []string{keyVersion, py.Path, py.Version, py.Hash, o.String()} {
 		// The NUL separator keeps ("a", "bc") and ("ab", "c") apart.
 		io.WriteString(h, s)
 		h.Write([]byte{0})
@@ -53,10 +67,11 @@ const defaultPython = "/usr/bin/python3"
 
 // probeScript prints, as one JSON object, everything FindPython needs. It runs
 // under -I so that neither PYTHON* variables nor the user's site directory
-// change the answer: the sandbox sees neither. -S skips site, which the
-// answer does not depend on, and a third of the probe's start-up.
+// change the answer: the sandbox sees neither. -S skips running site, which
+// the answer does not depend on, and a third of the probe's start-up;
+// site.getsitepackages only computes the dirs it would add.
 const probeScript = `
-import json, os, sys, sysconfig
+import json, os, site, sys, sysconfig
 paths = sysconfig.get_paths()
 dynload = ""
 for d in sys.path:
@@ -81,6 +96,7 @@ print(json.dumps({
     "stdlib": paths["stdlib"],
     "platstdlib": paths["platstdlib"],
     "dynload": dynload,
+    "site": site.getsitepackages() if hasattr(site, "getsitepackages") else [],
 }))
 `
 
@@ -111,12 +127,13 @@ func FindPython(ctx context.Context, path string) (Interpreter, error) {
 	}
 
 	var probe struct {
-		Executable string `json:"executable"`
-		Version    string `json:"version"`
-		Prefix     string `json:"prefix"`
-		Stdlib     string `json:"stdlib"`
-		PlatStdlib string `json:"platstdlib"`
-		DynLoad    string `json:"dynload"`
+		Executable string   `json:"executable"`
+		Version    string   `json:"version"`
+		Prefix     string   `json:"prefix"`
+		Stdlib     string   `json:"stdlib"`
+		PlatStdlib string   `json:"platstdlib"`
+		DynLoad    string   `json:"dynload"`
+		Site       []string `json:"site"`
 	}
 	if err := json.Unmarshal(stdout.Bytes(), &probe); err != nil {
 		return Interpreter{}, fmt.Errorf("reading the answer of python interpreter %s: %w (output %q)", cand, err, stdout.String())
@@ -139,6 +156,14 @@ func FindPython(ctx context.Context, path string) (Interpreter, error) {
 		}
 	}
 
+	var site []string
+	for _, d := range probe.Site {
+		// A relative one would be relative to the cwd of whoever imports.
+		if filepath.IsAbs(d) {
+			site = append(site, filepath.Clean(d))
+		}
+	}
+
 	real, err := filepath.EvalSymlinks(probe.Executable)
 	if err != nil {
 		return Interpreter{}, fmt.Errorf("resolving python executable %s of %s: %w", probe.Executable, cand, err)
@@ -148,13 +173,14 @@ func FindPython(ctx context.Context, path string) (Interpreter, error) {
 		return Interpreter{}, fmt.Errorf("hashing python executable %s: %w", real, err)
 	}
 	return Interpreter{
-		Path:       real,
-		Version:    probe.Version,
-		Prefix:     filepath.Clean(probe.Prefix),
-		Stdlib:     filepath.Clean(probe.Stdlib),
-		PlatStdlib: filepath.Clean(probe.PlatStdlib),
-		DynLoad:    filepath.Clean(probe.DynLoad),
-		Hash:       sum,
+		Path:         real,
+		Version:      probe.Version,
+		Prefix:       filepath.Clean(probe.Prefix),
+		Stdlib:       filepath.Clean(probe.Stdlib),
+		PlatStdlib:   filepath.Clean(probe.PlatStdlib),
+		DynLoad:      filepath.Clean(probe.DynLoad),
+		Hash:         sum,
+		SitePackages: site,
 	}, nil
 }
 

@@ -4,6 +4,13 @@
 // downloaded. It knows nothing of containers; it builds a directory and returns
 // its path.
 //
+// Options add, from the host's Debian packages, Python packages (numpy,
+// pandas, ...: the python3-* packages, their python3-* dependencies, the data
+// packages those need, and the libraries of all of them) and a shell
+// (busybox-static). Describe says what a configuration offers, for the tool's
+// description; CheckPackagesDir checks a dir of packages meant to be mounted
+// at PackagesDirMountPoint.
+//
 // Invariants a maintainer must keep:
 //   - Every host path keeps its name in the rootfs, and every symlink met on
 //     the way to it (merged-/usr's /lib64 -> usr/lib64, libz.so.1 ->
@@ -14,18 +21,32 @@
 //     DT_RPATH/DT_RUNPATH, ld.so.conf, the default dirs), never from a list:
 //     a missing library fails the build, naming it and what needs it.
 //   - The rootfs is shared by every call and mounted read-only, so it holds,
-//     ready-made, everything the runtime mounts onto (MountPoints) and
-//     nothing of the host's /etc; it is readable by uid 65532, and holds no
+//     ready-made, everything the runtime mounts onto (MountPoints,
+//     PackagesDirMountPoint) and nothing of the host's /etc; it is readable
+//     by uid 65532, and holds no
 //     setuid, setgid or world-writable file.
 //   - A rootfs appears complete or not at all: it is built in a temp dir next
 //     to its final path and renamed; a failed build leaves nothing behind.
-//   - A cached rootfs is keyed by its interpreter (Interpreter.Key) and never
-//     modified; Ensure builds it at most once, even across processes, until a
-//     host file it was built from changes (its manifest says which). Then
-//     Ensure builds a new generation next to it and swaps the key's link; the
-//     old one stays until no process that was handed it is alive.
+//   - A cached rootfs is keyed by its interpreter and its normalized Options
+//     (Options.Key) and never modified; Ensure builds it at most once, even
+//     across processes, until a host file it was built from changes (its
+//     manifest says which). Then Ensure builds a new generation next to it
+//     and swaps the key's link; the old one stays until no process that was
+//     handed it is alive.
 //   - Nothing about the host beyond what Python needs goes into the rootfs:
 //     the manifest lives next to it in the cache, never inside.
+//   - Packages are taken by dpkg's file lists, never by scanning the host's
+//     site dirs: the rootfs holds the named packages and what they depend
+//     on, not whatever else the host installed. Their list files are in the
+//     manifest, so an upgrade, a reinstall or a removal rebuilds, and a
+//     removed package then fails with the apt-get line that brings it back.
+//   - A link into /etc (Debian's alternatives: libblas.so.3) is never
+//     reproduced: /etc stays the skeleton, and the file the link leads to is
+//     copied under the link's name. /etc files a package needs are written
+//     from constants (matplotlibrc), never copied from the host.
+//   - Every rootfs has the empty PackagesDirMountPoint, with real dirs all
+//     the way, so that a packages dir can be mounted without creating
+//     anything in the shared rootfs.
 package rootfs
 
 import (

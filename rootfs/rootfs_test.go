@@ -81,7 +81,7 @@ func builtRootfs(t *testing.T) (Interpreter, string) {
 	shared.once.Do(func() {
 		shared.dir = filepath.Join(testDir, "shared-rootfs")
 		start := time.Now()
-		shared.err = Build(context.Background(), py, shared.dir, nil)
+		shared.err = Build(context.Background(), py, Options{}, shared.dir, nil)
 		shared.elapsed = time.Since(start)
 	})
 	if shared.err != nil {
@@ -188,17 +188,18 @@ func TestBuildPyenvChrooted(t *testing.T) {
 		t.Fatalf("FindPython(%s): %v", shim, err)
 	}
 	root := filepath.Join(t.TempDir(), "rootfs")
-	if err := Build(context.Background(), py, root, nil); err != nil {
+	if err := Build(context.Background(), py, Options{}, root, nil); err != nil {
 		t.Fatalf("Build(%s): %v", py.Path, err)
 	}
 	checkProbe(t, py, root)
 }
 
-func TestBuildLayout(t *testing.T) {
-	py, root := builtRootfs(t)
-	size := int64(0)
-	files := 0
-
+// checkLayout checks what every rootfs must be: owned by root (when built
+// as root), every link leading somewhere inside, dirs 0755 (/tmp 1777),
+// files world-readable, neither setuid, setgid nor world-writable, nothing
+// else. It returns the number and size of the regular files.
+func checkLayout(t *testing.T, root string) (files int, size int64) {
+	t.Helper()
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -244,6 +245,12 @@ func TestBuildLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return files, size
+}
+
+func TestBuildLayout(t *testing.T) {
+	py, root := builtRootfs(t)
+	files, size := checkLayout(t, root)
 	t.Logf("rootfs of %s: %d files, %.1f MB, built in %v", py.Path, files, float64(size)/1e6, shared.elapsed)
 
 	for _, mp := range MountPoints() {
@@ -251,6 +258,11 @@ func TestBuildLayout(t *testing.T) {
 		if err != nil || len(entries) != 0 {
 			t.Errorf("mount point %s: entries %d, err %v; want an empty dir", mp, len(entries), err)
 		}
+	}
+	if mp := PackagesDirMountPoint(py); mp == "" {
+		t.Errorf("PackagesDirMountPoint(%s) = \"\", want the first of %q", py.Path, py.SitePackages)
+	} else if entries, err := os.ReadDir(filepath.Join(root, mp)); err != nil || len(entries) != 0 {
+		t.Errorf("packages dir mount point %s: entries %d, err %v; want an empty dir", mp, len(entries), err)
 	}
 	if _, err := os.Lstat(filepath.Join(root, "sys")); err == nil {
 		t.Errorf("/sys exists; want none (it is not mounted)")

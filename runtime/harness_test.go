@@ -42,7 +42,7 @@ func sharedRootfs() (string, error) {
 			shared.err = err
 			return
 		}
-		shared.rootfs, shared.err = rootfs.Ensure(context.Background(), py, rootfs.DefaultCacheDir(), nil)
+		shared.rootfs, shared.err = rootfs.Ensure(context.Background(), py, rootfs.Options{}, rootfs.DefaultCacheDir(), nil)
 	})
 	return shared.rootfs, shared.err
 }

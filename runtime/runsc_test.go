@@ -455,7 +455,7 @@ func deadServer(t *testing.T, stateDir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := rootfs.Ensure(context.Background(), py, rootfs.DefaultCacheDir(), nil)
+	dir, err := rootfs.Ensure(context.Background(), py, rootfs.Options{}, rootfs.DefaultCacheDir(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

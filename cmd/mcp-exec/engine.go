@@ -64,7 +64,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		start := time.Now()
 		// A cached rootfs was proven at build time by running Python in a
 		// real sandbox; it is not re-run on every start.
-		dir, err = rootfs.Ensure(ctx, py, rootfs.DefaultCacheDir(), func(ctx context.Context, dir string) error {
+		dir, err = rootfs.Ensure(ctx, py, rootfs.Options{}, rootfs.DefaultCacheDir(), func(ctx context.Context, dir string) error {
 			_, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir))
 			return err
 		})

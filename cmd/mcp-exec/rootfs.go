@@ -45,7 +45,7 @@ func rootfsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 1
 	}
 	start := time.Now()
-	if err := rootfs.Build(ctx, py, dir, nil); err != nil {
+	if err := rootfs.Build(ctx, py, rootfs.Options{}, dir, nil); err != nil {
 		fmt.Fprintln(stderr, "mcp-exec rootfs build:", err)
 		return 1
 	}
