@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // testDir holds what tests share, above all the one rootfs built for the
@@ -37,13 +39,7 @@ func TestMain(m *testing.M) {
 // prerequisite fails instead of skipping.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("this test needs root (chroot and setuid to uid 65532); CI=true, so not skipping")
-	}
-	t.Skip("this test needs root (chroot and setuid to uid 65532)")
+	testenv.Root(t)
 }
 
 var host struct {
@@ -55,14 +51,12 @@ var host struct {
 // hostPython is the interpreter FindPython picks on this host.
 func hostPython(t testing.TB) Interpreter {
 	t.Helper()
+	testenv.Real(t)
 	host.once.Do(func() {
 		host.py, host.err = FindPython(context.Background(), "")
 	})
 	if host.err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("FindPython(\"\"): %v", host.err)
-		}
-		t.Skipf("no host python3: %v", host.err)
+		testenv.Missing(t, "no host python3: %v", host.err)
 	}
 	return host.py
 }
@@ -382,7 +376,7 @@ func TestCheck(t *testing.T) {
 // rootfs; Check must refuse it.
 func TestCheckRejectsSymlinkedMountPoint(t *testing.T) {
 	root := t.TempDir()
-	for _, d := range []string{"usr/bin", "etc", "proc", "dev", "code", "elsewhere"} {
+	for _, d := range []string{"usr/bin", "etc", "proc", "dev", "code", ".mcp-exec", "elsewhere"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -416,7 +410,7 @@ func TestCheckRejectsSymlinkedMountPoint(t *testing.T) {
 
 func TestMountPoints(t *testing.T) {
 	got := MountPoints()
-	if want := "/proc /dev /tmp /code"; strings.Join(got, " ") != want {
+	if want := "/proc /dev /tmp /code /.mcp-exec"; strings.Join(got, " ") != want {
 		t.Errorf("MountPoints() = %q, want %q", got, want)
 	}
 	got[0] = "/changed"

@@ -5,12 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
 	"github.com/inhuman/mcp-exec/server"
 )
@@ -33,6 +36,9 @@ type config struct {
 	Runtime        runtime.Kind
 	Rootfs         string // empty: build from Python into the cache
 	Python         string // empty: /usr/bin/python3, else python3 on PATH
+	Packages       []string
+	Shell          bool
+	PackagesDir    string
 	Limits         policy.Limits
 	MaxConcurrency int
 	MaxQueued      int
@@ -86,6 +92,9 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_RUNTIME", "runtime", "libcontainer or runsc", &value[runtime.Kind]{p: &c.Runtime, parse: runtime.ParseKind}},
 		{"MCP_EXEC_ROOTFS", "rootfs", "the read-only Python rootfs to use (default: built from the host's python3 into a cache dir)", str(&c.Rootfs)},
 		{"MCP_EXEC_PYTHON", "python", "the host interpreter the default rootfs is built from", str(&c.Python)},
+		{"MCP_EXEC_PACKAGES", "packages", "Python packages importable in every sandbox, from the host's Debian python3-* packages (comma-separated PyPI names: numpy,pandas,...)", list(&c.Packages)},
+		{"MCP_EXEC_SHELL", "shell", "/bin/sh and the common command-line tools (busybox) in the sandbox", boolean(&c.Shell)},
+		{"MCP_EXEC_PACKAGES_DIR", "packages-dir", "a directory of importable packages (e.g. pip install --target DIR), mounted read-only on the import path", str(&c.PackagesDir)},
 		{"MCP_EXEC_MEMORY_MB", "memory-mb", "memory limit per call in MiB (tmpfs pages count too)", byteCount(&c.Limits.MemoryBytes, mib, policy.MinMemoryBytes/mib)},
 		{"MCP_EXEC_PIDS", "pids", "process/thread limit per call", integer(&c.Limits.Pids, policy.MinPids)},
 		{"MCP_EXEC_CPUS", "cpus", "CPU quota per call, in cores", &value[float64]{p: &c.Limits.CPUs, parse: parseCPUs}},
@@ -139,18 +148,47 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) (string, bo
 }
 
 func (c *config) validate(serverOnly bool) error {
-	if serverOnly {
-		return c.serverOptions().Validate()
-	}
 	var errs []error
-	if c.DefaultTimeout > c.MaxTimeout {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_DEFAULT_TIMEOUT_S (%v) must not exceed MCP_EXEC_MAX_TIMEOUT_S (%v)",
-			c.DefaultTimeout.Seconds(), c.MaxTimeout.Seconds()))
+	if serverOnly {
+		// The server's options hold the timeouts and the limits too.
+		errs = append(errs, c.serverOptions().Validate())
+	} else {
+		if c.DefaultTimeout > c.MaxTimeout {
+			errs = append(errs, fmt.Errorf("MCP_EXEC_DEFAULT_TIMEOUT_S (%v) must not exceed MCP_EXEC_MAX_TIMEOUT_S (%v)",
+				c.DefaultTimeout.Seconds(), c.MaxTimeout.Seconds()))
+		}
+		errs = append(errs, c.Limits.Validate())
 	}
-	if err := c.Limits.Validate(); err != nil {
+	errs = append(errs, c.sandboxErrors()...)
+	return errors.Join(errs...)
+}
+
+// sandboxErrors checks what every subcommand that makes sandboxes shares.
+func (c *config) sandboxErrors() []error {
+	var errs []error
+	if err := c.rootfsOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	if (len(c.Packages) > 0 || c.Shell) && c.Rootfs != "" {
+		errs = append(errs, errors.New("MCP_EXEC_PACKAGES and MCP_EXEC_SHELL build the default rootfs; they cannot change MCP_EXEC_ROOTFS, which is used as it is"))
+	}
+	if c.PackagesDir != "" {
+		if fi, err := os.Stat(c.PackagesDir); err != nil || !fi.IsDir() {
+			errs = append(errs, fmt.Errorf("MCP_EXEC_PACKAGES_DIR=%s is not a directory (%v)", c.PackagesDir, err))
+		} else if abs, err := filepath.Abs(c.PackagesDir); err == nil {
+			c.PackagesDir = abs
+		}
+	}
+	if c.MaxFileBytes >= c.Limits.TmpfsBytes {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_FILE_BYTES (%d) must be below the /tmp size, MCP_EXEC_TMPFS_MB (%d MiB): the files are written there",
+			c.MaxFileBytes, c.Limits.TmpfsBytes/mib))
+	}
+	return errs
+}
+
+// rootfsOptions is what the default rootfs is built with.
+func (c *config) rootfsOptions() rootfs.Options {
+	return rootfs.Options{Packages: c.Packages, Shell: c.Shell}
 }
 
 // serverOptions are the server's part of the configuration.
@@ -202,6 +240,20 @@ func (v *value[T]) Set(s string) error {
 
 func str(p *string) *value[string] {
 	return &value[string]{p: p, parse: func(s string) (string, error) { return s, nil }}
+}
+
+// list is a comma-separated list; blanks around items are dropped.
+func list(p *[]string) *value[[]string] {
+	return &value[[]string]{p: p, format: func(l []string) string { return strings.Join(l, ",") },
+		parse: func(s string) ([]string, error) {
+			var out []string
+			for _, item := range strings.Split(s, ",") {
+				if item = strings.TrimSpace(item); item != "" {
+					out = append(out, item)
+				}
+			}
+			return out, nil
+		}}
 }
 
 func boolean(p *bool) *value[bool] {

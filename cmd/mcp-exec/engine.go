@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +27,7 @@ type engine struct {
 	rt            runtime.Runtime
 	bundleCfg     bundle.Config
 	pythonVersion string
+	contents      rootfs.Contents
 	log           *slog.Logger
 }
 
@@ -38,13 +41,12 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rtCfg := runtime.Config{
+	rt, err := runtime.New(cfg.Runtime, runtime.Config{
 		StateDir:      cfg.StateDir,
 		Logger:        log,
 		RunscPath:     cfg.RunscPath,
 		RunscPlatform: cfg.RunscPlatform,
-	}
-	rt, err := runtime.New(cfg.Runtime, rtCfg)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
 	}
@@ -55,24 +57,32 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	}()
 	s := &engine{rt: rt, log: log}
 
+	opts := cfg.rootfsOptions()
 	dir := cfg.Rootfs
+	var packagesMount string
 	if dir == "" {
 		py, err := rootfs.FindPython(ctx, cfg.Python)
 		if err != nil {
 			return nil, fmt.Errorf("%w: finding python (MCP_EXEC_PYTHON): %w", errSandboxStart, err)
 		}
+		// What the packages bring, or the exact apt-get line when one is
+		// missing, before anything is built.
+		if s.contents, err = rootfs.Describe(py, opts); err != nil {
+			return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
+		}
 		start := time.Now()
 		// A cached rootfs was proven at build time by running Python in a
 		// real sandbox; it is not re-run on every start.
-		dir, err = rootfs.Ensure(ctx, py, rootfs.Options{}, rootfs.DefaultCacheDir(), func(ctx context.Context, dir string) error {
-			_, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir))
+		dir, err = rootfs.Ensure(ctx, py, opts, rootfs.DefaultCacheDir(), func(ctx context.Context, dir string) error {
+			_, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir, ""), s.contents.Modules)
 			return err
 		})
 		if err != nil {
-			return nil, fmt.Errorf("%w: preparing the default rootfs: %w", errSandboxStart, err)
+			return nil, fmt.Errorf("%w: preparing the rootfs: %w", errSandboxStart, err)
 		}
 		s.pythonVersion = py.Version
-		log.Debug("rootfs ready", "dir", dir, "python", py.Path, "elapsed", time.Since(start))
+		packagesMount = rootfs.PackagesDirMountPoint(py)
+		log.Debug("rootfs ready", "dir", dir, "python", py.Path, "options", opts.String(), "elapsed", time.Since(start))
 	} else {
 		abs, err := filepath.Abs(dir)
 		if err != nil {
@@ -85,20 +95,31 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		if err := searchableByOthers(dir); err != nil {
 			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s: %w", errSandboxStart, dir, err)
 		}
-		// A rootfs of the operator's making is proven once per start.
-		version, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir))
+	}
+	if cfg.PackagesDir != "" {
+		if packagesMount, err = packagesMountIn(dir, packagesMount); err != nil {
+			return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
+		}
+		if err := rootfs.CheckPackagesDir(cfg.PackagesDir, dir); err != nil {
+			return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
+		}
+	}
+	s.bundleCfg = s.bundleConfig(cfg, dir, packagesMount)
+	if cfg.Rootfs != "" || cfg.PackagesDir != "" {
+		// A rootfs or packages of the operator's making is proven once per
+		// start.
+		version, err := s.validateRootfs(ctx, s.bundleCfg, nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s: %w", errSandboxStart, dir, err)
 		}
 		s.pythonVersion = version
 	}
-	s.bundleCfg = s.bundleConfig(cfg, dir)
 	return s, nil
 }
 
 // bundleConfig is what every sandbox of this engine shares.
-func (s *engine) bundleConfig(cfg config, rootfsDir string) bundle.Config {
-	return bundle.Config{
+func (s *engine) bundleConfig(cfg config, rootfsDir, packagesMount string) bundle.Config {
+	bc := bundle.Config{
 		Rootfs:         rootfsDir,
 		Python:         rootfs.PythonPath,
 		Limits:         cfg.Limits,
@@ -107,21 +128,53 @@ func (s *engine) bundleConfig(cfg config, rootfsDir string) bundle.Config {
 		MaxFiles:       cfg.MaxFiles,
 		MaxFileBytes:   cfg.MaxFileBytes,
 		MaxCodeBytes:   cfg.MaxCodeBytes,
+		Env:            append(threadEnv(cfg.Limits.CPUs), s.contents.Env...),
 	}
+	if cfg.PackagesDir != "" && packagesMount != "" {
+		bc.PackagesDir, bc.PackagesMount = cfg.PackagesDir, packagesMount
+	}
+	return bc
 }
 
-// validateRootfs runs the interpreter inside a real sandbox on dir and
-// returns its version: a rootfs that cannot run Python there is refused.
-func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config) (string, error) {
-	probe := "import sys, json, sqlite3, ssl, decimal, ctypes, multiprocessing\n" +
-		"print('%d.%d.%d' % sys.version_info[:3])\n"
-	res, err := s.runWith(ctx, bcfg, runtime.Request{Code: []byte(probe), Timeout: 60 * time.Second, MaxOutputBytes: 64 << 10})
+// threadEnv tells the numeric libraries how many threads the CPU quota is
+// worth: OpenBLAS and OpenMP start one per CPU they see otherwise, each
+// counting against the pids limit and fighting over the quota.
+func threadEnv(cpus float64) []string {
+	n := strconv.Itoa(max(1, int(math.Ceil(cpus))))
+	return []string{"OPENBLAS_NUM_THREADS=" + n, "OMP_NUM_THREADS=" + n, "MKL_NUM_THREADS=" + n, "NUMEXPR_MAX_THREADS=" + n}
+}
+
+// packagesMountIn finds where a packages dir goes in a rootfs: the
+// interpreter's own mount point when the rootfs was built here, else the
+// one dist-packages mount point an operator's rootfs has.
+func packagesMountIn(rootfsDir, known string) (string, error) {
+	if known != "" {
+		return known, nil
+	}
+	matches, _ := filepath.Glob(filepath.Join(rootfsDir, "usr/local/lib/python3*/dist-packages"))
+	if len(matches) != 1 {
+		return "", fmt.Errorf("MCP_EXEC_PACKAGES_DIR: the rootfs %s has %d /usr/local/lib/python3.X/dist-packages dirs to mount it on, want exactly 1 (mcp-exec rootfs build makes one)", rootfsDir, len(matches))
+	}
+	rel, _ := filepath.Rel(rootfsDir, matches[0])
+	return "/" + rel, nil
+}
+
+// validateRootfs runs the interpreter inside a real sandbox and returns its
+// version: a rootfs that cannot run Python there, or import what it is said
+// to hold, is refused.
+func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules []string) (string, error) {
+	probe := "import sys, json, sqlite3, ssl, decimal, ctypes, multiprocessing\n"
+	for _, m := range modules {
+		probe += "import " + m + "\n"
+	}
+	probe += "print('%d.%d.%d' % sys.version_info[:3])\n"
+	res, err := s.runWith(ctx, bcfg, runtime.Request{Code: []byte(probe), Timeout: 120 * time.Second, MaxOutputBytes: 64 << 10})
 	if err != nil {
 		return "", err
 	}
 	if res.ExitCode != 0 || res.TimedOut {
-		return "", fmt.Errorf("python did not start in the sandbox (exit %d): %s",
-			res.ExitCode, strings.TrimSpace(lastLines(res.Stderr, 3)))
+		return "", fmt.Errorf("python did not start in the sandbox (exit %d, timed out %v): %s",
+			res.ExitCode, res.TimedOut, strings.TrimSpace(lastLines(res.Stderr, 3)))
 	}
 	return strings.TrimSpace(string(res.Stdout)), nil
 }
@@ -133,7 +186,8 @@ func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, 
 
 // Info describes the sandbox for the tool description.
 func (s *engine) Info() server.EngineInfo {
-	return server.EngineInfo{Runtime: string(s.rt.Kind()), PythonVersion: s.pythonVersion}
+	return server.EngineInfo{Runtime: string(s.rt.Kind()), PythonVersion: s.pythonVersion,
+		Modules: s.contents.Modules, Shell: s.contents.Shell}
 }
 
 func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Request) (runtime.Result, error) {
