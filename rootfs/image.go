@@ -746,7 +746,8 @@ func (x *extractor) layer(l v1.Layer, diffID v1.Hash) error {
 	}
 	defer rc.Close()
 	h := sha256.New()
-	r := io.TeeReader(countingReader{x: x, r: rc}, h)
+	r := newReadAhead(io.TeeReader(countingReader{x: x, r: rc}, h), 4, 1<<20)
+	defer r.stop()
 	x.created = map[string]bool{}
 	x.lastDir = ""
 	tr := tar.NewReader(r)
@@ -770,6 +771,80 @@ func (x *extractor) layer(l v1.Layer, diffID v1.Hash) error {
 		return fmt.Errorf("its content is sha256:%s, not what the image's config says: the image is corrupt", got)
 	}
 	return nil
+}
+
+// readAhead reads r in a goroutine, up to a few chunks ahead of its reader:
+// decompressing and hashing a layer then overlap with writing its files, as
+// with tar -z's separate gzip. Reading r stops at its first error, which
+// Read returns once the chunks before it are read.
+type readAhead struct {
+	full, free   chan []byte
+	done, exited chan struct{}
+	err          error // set before full is closed
+	cur, back    []byte
+}
+
+func newReadAhead(r io.Reader, chunks, size int) *readAhead {
+	ra := &readAhead{
+		full:   make(chan []byte, chunks),
+		free:   make(chan []byte, chunks),
+		done:   make(chan struct{}),
+		exited: make(chan struct{}),
+	}
+	for range chunks {
+		ra.free <- make([]byte, size)
+	}
+	go ra.run(r)
+	return ra
+}
+
+func (ra *readAhead) run(r io.Reader) {
+	defer close(ra.exited)
+	defer close(ra.full)
+	for {
+		var buf []byte
+		select {
+		case buf = <-ra.free:
+		case <-ra.done:
+			return
+		}
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			// There are as many slots as buffers: this never waits.
+			ra.full <- buf[:n]
+		}
+		if err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				err = io.EOF
+			}
+			ra.err = err
+			return
+		}
+	}
+}
+
+func (ra *readAhead) Read(p []byte) (int, error) {
+	for len(ra.cur) == 0 {
+		if ra.back != nil {
+			ra.free <- ra.back[:cap(ra.back)]
+			ra.back = nil
+		}
+		b, ok := <-ra.full
+		if !ok {
+			return 0, ra.err
+		}
+		ra.cur, ra.back = b, b
+	}
+	n := copy(p, ra.cur)
+	ra.cur = ra.cur[n:]
+	return n, nil
+}
+
+// stop ends the goroutine and waits for it, so that what it reads can be
+// closed.
+func (ra *readAhead) stop() {
+	close(ra.done)
+	<-ra.exited
 }
 
 // entry applies one tar entry.
