@@ -30,10 +30,10 @@ package rootfs
 //     BLAS, /etc/ssl holds the CA certificates).
 //   - A cached image is keyed by its config digest (which names every
 //     layer's uncompressed digest, checked while flattening) and by what is
-//     laid over it (overlayKey),
-//     appears complete or not at all (temp dir + rename), and is never
-//     modified. A process holds a shared flock on its <name>.hold file for as
-//     long as it lives; a build removes the other images no process holds.
+//     laid over it (overlayKey); it appears complete or not at all (temp dir
+//     + rename), and is never modified. A process holds a shared flock on its
+//     <name>.hold file for as long as it lives; a build removes the other
+//     images no process holds.
 //   - The image's config (Env, Entrypoint, User, WorkingDir) is ignored: the
 //     sandbox's environment is an allowlist and its process is fixed.
 
@@ -607,10 +607,9 @@ func (c imageCache) build(ctx context.Context, img v1.Image, opts ImageOptions) 
 			os.Remove(holdPath)
 		}
 	}()
-	// Nothing else has the new file open yet: this cannot fail for a lock
-	// held elsewhere.
-	if ok, err := imageFlock(hf, unix.LOCK_SH); err != nil || !ok {
-		return Image{}, fmt.Errorf("locking %s: %v (held: %v)", holdPath, err, !ok)
+	// Nothing else has the new file open yet: no lock is held elsewhere.
+	if ok, err := imageFlock(hf, unix.LOCK_SH); !ok {
+		return Image{}, fmt.Errorf("locking %s: %w", holdPath, cmp.Or(err, errors.New("held elsewhere")))
 	}
 	if err := renameDirNoReplace(tmp, dir); err != nil {
 		return Image{}, err
@@ -1298,12 +1297,16 @@ func makeImageMountPoint(root, mp string) error {
 func normalizeTree(ctx context.Context, root string) error {
 	asRoot := os.Geteuid() == 0
 	uid, gid := uint32(os.Geteuid()), uint32(os.Getegid())
-	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if p == root {
+			// Last: the tree is opened to others once it is safe.
+			return nil
 		}
 		t := d.Type()
 		if !t.IsDir() && !t.IsRegular() && t&fs.ModeSymlink == 0 {
@@ -1343,6 +1346,10 @@ func normalizeTree(ctx context.Context, root string) error {
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	return os.Chmod(root, imageDirMode)
 }
 
 // makeImageCacheDir creates the cache dir 0755: the sandbox reads through it.
