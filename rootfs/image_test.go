@@ -1114,7 +1114,7 @@ func BenchmarkFlattenImage(b *testing.B) {
 	py := hostPython(b)
 	work := b.TempDir()
 	root := filepath.Join(work, "rootfs")
-	if err := Build(context.Background(), py, root, nil); err != nil {
+	if err := Build(context.Background(), py, Options{}, root, nil); err != nil {
 		b.Fatal(err)
 	}
 	pyLayer := filepath.Join(work, "python.layer.tar")
