@@ -36,6 +36,7 @@ type config struct {
 	Runtime        runtime.Kind
 	Rootfs         string // empty: build from Python into the cache
 	Python         string // empty: /usr/bin/python3, else python3 on PATH
+	RootfsImage    string
 	Packages       []string
 	Shell          bool
 	PackagesDir    string
@@ -92,6 +93,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_RUNTIME", "runtime", "libcontainer or runsc", &value[runtime.Kind]{p: &c.Runtime, parse: runtime.ParseKind}},
 		{"MCP_EXEC_ROOTFS", "rootfs", "the read-only Python rootfs to use (default: built from the host's python3 into a cache dir)", str(&c.Rootfs)},
 		{"MCP_EXEC_PYTHON", "python", "the host interpreter the default rootfs is built from", str(&c.Python)},
+		{"MCP_EXEC_ROOTFS_IMAGE", "rootfs-image", "a docker save tarball or OCI image-layout dir (PATH or PATH:TAG) whose filesystem becomes the rootfs", str(&c.RootfsImage)},
 		{"MCP_EXEC_PACKAGES", "packages", "Python packages importable in every sandbox, from the host's Debian python3-* packages (comma-separated PyPI names: numpy,pandas,...)", list(&c.Packages)},
 		{"MCP_EXEC_SHELL", "shell", "/bin/sh and the common command-line tools (busybox) in the sandbox", boolean(&c.Shell)},
 		{"MCP_EXEC_PACKAGES_DIR", "packages-dir", "a directory of importable packages (e.g. pip install --target DIR), mounted read-only on the import path", str(&c.PackagesDir)},
@@ -169,8 +171,11 @@ func (c *config) sandboxErrors() []error {
 	if err := c.rootfsOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if (len(c.Packages) > 0 || c.Shell) && c.Rootfs != "" {
-		errs = append(errs, errors.New("MCP_EXEC_PACKAGES and MCP_EXEC_SHELL build the default rootfs; they cannot change MCP_EXEC_ROOTFS, which is used as it is"))
+	if (len(c.Packages) > 0 || c.Shell) && (c.Rootfs != "" || c.RootfsImage != "") {
+		errs = append(errs, errors.New("MCP_EXEC_PACKAGES and MCP_EXEC_SHELL build the default rootfs; they cannot change MCP_EXEC_ROOTFS or MCP_EXEC_ROOTFS_IMAGE, which are used as they are"))
+	}
+	if c.Rootfs != "" && c.RootfsImage != "" {
+		errs = append(errs, errors.New("MCP_EXEC_ROOTFS and MCP_EXEC_ROOTFS_IMAGE both name the rootfs: set one"))
 	}
 	if c.PackagesDir != "" {
 		if fi, err := os.Stat(c.PackagesDir); err != nil || !fi.IsDir() {

@@ -13,7 +13,9 @@ import (
 	"strings"
 	"time"
 
+	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/rootfs"
@@ -59,8 +61,22 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 
 	opts := cfg.rootfsOptions()
 	dir := cfg.Rootfs
+	python := rootfs.PythonPath
 	var packagesMount string
-	if dir == "" {
+	switch {
+	case cfg.RootfsImage != "":
+		start := time.Now()
+		im, err := rootfs.FlattenImage(ctx, cfg.RootfsImage, rootfs.DefaultCacheDir(), rootfs.ImageOptions{
+			Prepare: func(ctx context.Context, dir, python string) error {
+				return s.compileImage(ctx, cfg, dir, python)
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
+		}
+		dir, python = im.Dir, im.Python
+		log.Debug("image rootfs ready", "dir", dir, "digest", im.Digest, "python", im.Python, "elapsed", time.Since(start))
+	case dir == "":
 		py, err := rootfs.FindPython(ctx, cfg.Python)
 		if err != nil {
 			return nil, fmt.Errorf("%w: finding python (MCP_EXEC_PYTHON): %w", errSandboxStart, err)
@@ -83,7 +99,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		s.pythonVersion = py.Version
 		packagesMount = rootfs.PackagesDirMountPoint(py)
 		log.Debug("rootfs ready", "dir", dir, "python", py.Path, "options", opts.String(), "elapsed", time.Since(start))
-	} else {
+	default:
 		abs, err := filepath.Abs(dir)
 		if err != nil {
 			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS: %w", errSandboxStart, err)
@@ -105,16 +121,87 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		}
 	}
 	s.bundleCfg = s.bundleConfig(cfg, dir, packagesMount)
-	if cfg.Rootfs != "" || cfg.PackagesDir != "" {
+	s.bundleCfg.Python = python
+	if cfg.Rootfs != "" || cfg.RootfsImage != "" || cfg.PackagesDir != "" {
 		// A rootfs or packages of the operator's making is proven once per
 		// start.
 		version, err := s.validateRootfs(ctx, s.bundleCfg, nil)
 		if err != nil {
-			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s: %w", errSandboxStart, dir, err)
+			return nil, fmt.Errorf("%w: the rootfs %s: %w", errSandboxStart, dir, err)
 		}
 		s.pythonVersion = version
 	}
 	return s, nil
+}
+
+// compileImage byte-compiles an image's Python tree before it is cached:
+// images such as python:*-slim ship no .pyc, and on a read-only root every
+// call would compile the whole standard library again. The compiler runs
+// in a sandbox like any code, with the bytecode redirected to
+// /tmp/outputs (PYTHONPYCACHEPREFIX) and returned as output files, which
+// are then put where the interpreter looks for them: the image's files
+// stay read-only to the sandbox and nothing of the image runs on the host.
+func (s *engine) compileImage(ctx context.Context, cfg config, dir, python string) error {
+	bc := s.bundleConfig(cfg, dir, "")
+	bc.Python = python
+	bc.Limits.MemoryBytes = max(bc.Limits.MemoryBytes, 1<<30)
+	bc.Limits.TmpfsBytes = 768 << 20
+	bc.Limits.CPUs = max(bc.Limits.CPUs, 2)
+	bc.MaxFiles, bc.MaxFileBytes = 50000, 512<<20
+	bc.Env = append(bc.Env, "PYTHONPYCACHEPREFIX="+bundle.OutputsDir)
+	code := "import compileall\ncompileall.compile_path(skip_curdir=True, quiet=2)\n"
+	res, err := s.runWith(ctx, bc, runtime.Request{Code: []byte(code), Timeout: 10 * time.Minute, MaxOutputBytes: 64 << 10})
+	if err != nil {
+		return fmt.Errorf("byte-compiling the image in a sandbox: %w", err)
+	}
+	if res.TimedOut || res.ExitCode > 1 || res.FilesTruncated {
+		return fmt.Errorf("byte-compiling the image in a sandbox: exit %d, timed out %v, output cut %v: %s",
+			res.ExitCode, res.TimedOut, res.FilesTruncated, lastLines(res.Stderr, 3))
+	}
+	n, err := placeBytecode(dir, res.Files)
+	s.log.Debug("byte-compiled the image", "files", n)
+	return err
+}
+
+// placeBytecode puts each file compiled under a PYTHONPYCACHEPREFIX where
+// the interpreter looks without one: <prefix>/a/b/m.cpython-312.pyc is
+// a/b/__pycache__/m.cpython-312.pyc, next to a/b/m.py.
+func placeBytecode(root string, files []runtime.File) (int, error) {
+	n := 0
+	for _, f := range files {
+		d, name := filepath.Split(f.Path)
+		if !strings.HasSuffix(name, ".pyc") || strings.Count(name, ".") < 2 {
+			continue
+		}
+		src := filepath.Join("/", d, name[:strings.IndexByte(name, '.')]+".py")
+		srcPath, err := securejoin.SecureJoin(root, src)
+		if err != nil {
+			return n, err
+		}
+		if fi, err := os.Lstat(srcPath); err != nil || !fi.Mode().IsRegular() {
+			continue // not beside a source file of the image
+		}
+		cache := filepath.Join(filepath.Dir(srcPath), "__pycache__")
+		if err := os.Mkdir(cache, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return n, fmt.Errorf("placing bytecode: %w", err)
+		}
+		if fi, err := os.Lstat(cache); err != nil || !fi.IsDir() {
+			continue
+		}
+		out, err := os.OpenFile(filepath.Join(cache, name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o644)
+		if err != nil {
+			return n, fmt.Errorf("placing bytecode: %w", err)
+		}
+		_, werr := out.Write(f.Data)
+		if cerr := out.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return n, fmt.Errorf("placing bytecode: %w", werr)
+		}
+		n++
+	}
+	return n, nil
 }
 
 // bundleConfig is what every sandbox of this engine shares.
