@@ -105,3 +105,17 @@ func limitSockets(paths map[string]string, bytes int64) error {
 	}
 	return nil
 }
+
+// cgroupSockets reads a call's socket buffer memory and its bound on
+// cgroup v1; ok is false on v2, where they count in the memory limit.
+func cgroupSockets(paths map[string]string) (used, limit int64, ok bool) {
+	p, found := paths["memory"]
+	if !found {
+		return 0, 0, false
+	}
+	limit = readInt(filepath.Join(p, "memory.kmem.tcp.limit_in_bytes"))
+	if limit <= 0 || limit >= 1<<62 {
+		return 0, 0, false
+	}
+	return readInt(filepath.Join(p, "memory.kmem.tcp.usage_in_bytes")), limit, true
+}

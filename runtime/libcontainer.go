@@ -210,12 +210,13 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 		proc.Wait()
 		close(sb.done)
 	}()
-	if st, err := sb.c.State(); err == nil {
-		if err := limitSockets(st.CgroupPaths, socketBytes(b.Spec)); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-		}
-	} else {
+	st, err := sb.c.State()
+	if err != nil {
 		return nil, fmt.Errorf("%w: reading the state of container %s: %w", ErrSandbox, b.ID, err)
+	}
+	sb.cgPaths = st.CgroupPaths
+	if err := limitSockets(sb.cgPaths, socketBytes(b.Spec)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
 	if err := sb.sess.waitReady(ctx, sb); err != nil {
 		if ctx.Err() != nil {
@@ -240,6 +241,9 @@ type lcSandbox struct {
 	b    *bundle.Bundle
 	slot *slot
 	sess *session
+
+	// cgPaths are the container's cgroups, fixed once it has started.
+	cgPaths map[string]string
 
 	mu   sync.Mutex
 	c    *libcontainer.Container
@@ -279,27 +283,18 @@ func (sb *lcSandbox) kill() {
 	if err := c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
 		sb.rt.cfg.Logger.Debug("killing container", "id", sb.b.ID, "err", err)
 	}
-	if st, err := c.State(); err == nil {
-		for _, p := range st.CgroupPaths {
-			killCgroupProcs(p)
-		}
+	for _, p := range sb.cgPaths {
+		killCgroupProcs(p)
 	}
 }
 
 // verdict fills the verdict's OOM flag and usage from the container's
 // cgroups, before they are removed.
-func (sb *lcSandbox) verdict(res *Result) {
-	if st, err := sb.c.State(); err == nil {
-		cgroupVerdict(st.CgroupPaths, res)
-	}
-}
+func (sb *lcSandbox) verdict(res *Result) { cgroupVerdict(sb.cgPaths, res) }
 
-func (sb *lcSandbox) cpu() time.Duration {
-	if st, err := sb.c.State(); err == nil {
-		return cgroupCPU(st.CgroupPaths)
-	}
-	return 0
-}
+func (sb *lcSandbox) sockets() (int64, int64, bool) { return cgroupSockets(sb.cgPaths) }
+
+func (sb *lcSandbox) cpu() time.Duration { return cgroupCPU(sb.cgPaths) }
 
 // Close kills and destroys the container and removes its bundle. It runs
 // whatever state Run left, under its own deadline.

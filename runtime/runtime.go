@@ -127,6 +127,9 @@ type Result struct {
 	TimedOut bool
 	// OOMKilled: the memory limit killed a process of the container.
 	OOMKilled bool
+	// SocketsKilled: the container was killed because its socket buffers
+	// went past their bound (cgroup v1; OOMKilled is set too).
+	SocketsKilled bool
 	// PidsLimitHit: creating a process or thread failed at the pids limit
 	// (under gVisor, which needs host tasks too, the sandbox may end then).
 	PidsLimitHit bool

@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/fsuid.h>
 #include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -118,17 +117,29 @@ struct config {
 	char **argv;          // the interpreter's command line
 };
 
-// as_sandbox_user makes the file system checks of this process those of the
-// code's user, so that files written in and read out are exactly what the
-// code could write and read.
-static void as_sandbox_user(const struct config *c) {
-	setfsgid(c->gid);
-	setfsuid(c->uid);
-}
-
-static void as_root(void) {
-	setfsuid(0);
-	setfsgid(0);
+// as_user runs fn in a child that is the code's user and nothing more, and
+// returns what it returned (0 or an errno): files written in and read out
+// are exactly what the code could write and read, owned by it, and no bug
+// in handling them runs with the init's privileges. The child is waited
+// for here, so the main loop never sees it.
+static int as_user(const struct config *c, int (*fn)(const struct config *, void *), void *arg) {
+	pid_t pid = fork();
+	if (pid < 0)
+		return errno;
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+		if (setgroups(0, NULL) < 0 || setresgid(c->gid, c->gid, c->gid) < 0 || setresuid(c->uid, c->uid, c->uid) < 0)
+			_exit(EPERM);
+		_exit(fn(c, arg) & 0xff);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0) {
+		if (errno != EINTR)
+			return errno;
+	}
+	if (WIFEXITED(st))
+		return WEXITSTATUS(st);
+	return EIO;
 }
 
 // drop_privileges leaves the child with the code's identity and nothing else:
@@ -248,18 +259,24 @@ static int safe_rel(const char *p) {
 	return 1;
 }
 
-// write_file writes one input file under /tmp as the code's user, creating
-// its directories; nothing of the code has run yet, so nothing can race it.
-static int write_file(const struct config *c, const char *path, const unsigned char *data, size_t n) {
+struct input_file {
+	const char *path;
+	const unsigned char *data;
+	size_t n;
+};
+
+// write_file writes one input file under the work dir, creating its
+// directories; it runs as the code's user (as_user), and nothing of the
+// code has run yet, so nothing can race it.
+static int write_file(const struct config *c, void *arg) {
+	const struct input_file *in = arg;
+	const char *path = in->path;
 	if (!safe_rel(path))
 		return EINVAL;
 	int err = 0;
-	as_sandbox_user(c);
 	int dir = open(c->workdir, O_DIRECTORY | O_RDONLY | O_CLOEXEC);
-	if (dir < 0) {
-		err = errno;
-		goto out;
-	}
+	if (dir < 0)
+		return errno;
 	char *copy = strdup(path);
 	char *s = copy, *slash;
 	while ((slash = strchr(s, '/')) != NULL) {
@@ -279,15 +296,26 @@ static int write_file(const struct config *c, const char *path, const unsigned c
 	}
 	if (err == 0) {
 		int fd = openat(dir, s, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-		if (fd < 0 || write_all(fd, data, n) < 0)
+		if (fd < 0 || write_all(fd, in->data, in->n) < 0)
 			err = errno;
 		if (fd >= 0 && close(fd) < 0 && err == 0)
 			err = errno;
 	}
 	free(copy);
 	close(dir);
-out:
-	as_root();
+	return err;
+}
+
+// make_outputs creates the empty outputs dir, the code's, before it runs.
+static int make_outputs(const struct config *c, void *arg) {
+	(void)arg;
+	int work = open(c->workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (work < 0)
+		return errno;
+	int err = 0;
+	if (mkdirat(work, "outputs", 0755) < 0 && errno != EEXIST)
+		err = errno;
+	close(work);
 	return err;
 }
 
@@ -421,18 +449,20 @@ static void walk(struct exporter *x, int dir, const char *prefix, int depth) {
 	closedir(d);
 }
 
-static void export_outputs(const struct config *c) {
+// export_outputs runs as the code's user (as_user), after every process
+// of the code is gone, and writes its frames straight to the host.
+static int export_outputs(const struct config *c, void *arg) {
+	(void)arg;
 	struct exporter x = {.c = c};
-	as_sandbox_user(c);
 	int work = open(c->workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	int dir = work < 0 ? -1 : openat(work, "outputs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (work >= 0)
 		close(work);
 	if (dir >= 0)
 		walk(&x, dir, "", 0);
-	as_root();
 	if (x.skipped)
 		frame(I_SKIPPED, NULL, 0);
+	return 0;
 }
 
 // kill_all kills every process in the sandbox but this one.
@@ -518,12 +548,11 @@ static int sandbox_init(int argc, char **argv) {
 	signal(SIGPIPE, SIG_IGN); // a pipe whose reader died gives EPIPE
 
 	// The code's one writable place for results.
-	as_sandbox_user(&c);
-	int work = open(c.workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (work < 0 || (mkdirat(work, "outputs", 0755) < 0 && errno != EEXIST))
+	int e = as_user(&c, make_outputs, NULL);
+	if (e != 0) {
+		errno = e;
 		die("creating the outputs dir");
-	close(work);
-	as_root();
+	}
 
 	// The interpreter is started ahead, on a FIFO at the script's path, and
 	// waits for its code in open(2) and read(2): everything it does before
@@ -639,7 +668,8 @@ static int sandbox_init(int argc, char **argv) {
 					char path[PATH_MAX + 1];
 					memcpy(path, pl + 2, pn);
 					path[pn] = '\0';
-					int e = write_file(&c, path, pl + 2 + pn, len - 2 - pn);
+					struct input_file in = {.path = path, .data = pl + 2 + pn, .n = len - 2 - pn};
+					int e = as_user(&c, write_file, &in);
 					if (e != 0) {
 						char what[PATH_MAX + 64];
 						snprintf(what, sizeof what, "writing input file %s", path);
@@ -761,7 +791,7 @@ static int sandbox_init(int argc, char **argv) {
 	put_u64(x + 4, out_total);
 	put_u64(x + 12, err_total);
 	frame(I_EXIT, x, sizeof x);
-	export_outputs(&c);
+	as_user(&c, export_outputs, NULL);
 	frame(I_DONE, NULL, 0);
 	return 0;
 }

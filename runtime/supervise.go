@@ -84,7 +84,22 @@ type container interface {
 	verdict(res *Result)
 	// cpu is the CPU time the container has used so far.
 	cpu() time.Duration
+	// sockets reports the kernel's socket buffers charged to the container
+	// and their bound, where they are counted apart from the memory limit
+	// (cgroup v1); ok is false elsewhere.
+	sockets() (used, limit int64, ok bool)
 }
+
+// socketPoll is how often the supervision reads a container's socket
+// memory on cgroup v1, where the kernel lets every socket keep a buffer or
+// two past the bound (so that it can make progress): a call opening
+// thousands of loopback connections would add up those minimums far past
+// it. Past socketSlack over the bound the container is killed, as the
+// memory limit would kill it.
+const (
+	socketPoll  = 25 * time.Millisecond
+	socketSlack = 2
+)
 
 // event is one frame from the init that the supervision waits for.
 type event struct {
@@ -305,8 +320,20 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 		initError string
 	)
 	stopTimer := func() {}
+	var sockTick <-chan time.Time
+	if _, _, ok := c.sockets(); ok {
+		t := time.NewTicker(socketPoll)
+		defer t.Stop()
+		sockTick = t.C
+	}
 	for !ended {
 		select {
+		case <-sockTick:
+			if used, limit, _ := c.sockets(); limit > 0 && used > socketSlack*limit {
+				sockTick = nil
+				res.OOMKilled, res.SocketsKilled = true, true
+				c.kill()
+			}
 		case ev := <-s.events:
 			switch ev.kind {
 			case iStarted:
@@ -361,7 +388,11 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 	res.Stderr, res.StderrTruncated, res.StderrBytes = s.stderr.result()
 	res.Stdout, res.Stderr = capped(res.Stdout, req.MaxOutputBytes, &res.StdoutTruncated), capped(res.Stderr, req.MaxOutputBytes, &res.StderrTruncated)
 	res.Files, res.FilesTruncated = s.files, s.skipped
+	killedForSockets := res.SocketsKilled
 	c.verdict(&res)
+	if killedForSockets {
+		res.OOMKilled, res.SocketsKilled = true, true
+	}
 	// The code's CPU time: from when it had its code to its exit, not the
 	// interpreter's start-up before (or gVisor's boot).
 	if exitEv == nil {

@@ -20,15 +20,18 @@ import (
 )
 
 // maxMessageBytes bounds one incoming message (HTTP body or stdio line). It
-// never rejects an input the tool would accept: JSON escaping can turn one
-// byte of code or stdin into six (\u0001). The slack is for the envelope.
+// never rejects code or stdin the tool would accept: JSON escaping can turn
+// one byte of them into six (\u0001). Files are allowed twice their size:
+// base64 is 4/3, and text with quotes and newlines escaped about twice;
+// text full of control characters should come as base64. The slack is for
+// the envelope.
 func maxMessageBytes(o Options) int64 {
 	const slack = 1 * mib
-	n := o.MaxCodeBytes + o.MaxStdinBytes
-	if n < 0 || n > (math.MaxInt64-slack)/6 {
+	n, f := o.MaxCodeBytes+o.MaxStdinBytes, o.MaxFileBytes
+	if n < 0 || f < 0 || n > (math.MaxInt64-slack)/12 || f > (math.MaxInt64-slack)/12 {
 		return math.MaxInt64
 	}
-	return 6*n + slack
+	return 6*n + 2*f + slack
 }
 
 // bodyBudget bounds the bytes of all HTTP request bodies the server holds
@@ -36,7 +39,7 @@ func maxMessageBytes(o Options) int64 {
 // answer is sent, so without a bound a client posting many large calls at
 // once would grow the server without limit. Requests beyond it wait.
 func bodyBudget(o Options) int64 {
-	return max(64*mib, 2*maxMessageBytes(o))
+	return max(32*mib, maxMessageBytes(o))
 }
 
 // ServeHTTP serves MCP on ln over streamable HTTP at /mcp, or the legacy
@@ -132,7 +135,7 @@ func limitBodies(next http.Handler, limit int64, budget *semaphore.Weighted) htt
 		weight := r.ContentLength
 		switch {
 		case weight > limit:
-			http.Error(w, fmt.Sprintf("request body is %d bytes, over the limit of %d bytes (set by MCP_EXEC_MAX_CODE_BYTES and MCP_EXEC_MAX_STDIN_BYTES)", weight, limit), http.StatusRequestEntityTooLarge)
+			http.Error(w, fmt.Sprintf("request body is %d bytes, over the limit of %d bytes (set by MCP_EXEC_MAX_CODE_BYTES, MCP_EXEC_MAX_STDIN_BYTES and MCP_EXEC_MAX_FILE_BYTES)", weight, limit), http.StatusRequestEntityTooLarge)
 			return
 		case weight < 0:
 			weight = limit

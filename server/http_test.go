@@ -33,16 +33,19 @@ func TestHasToken(t *testing.T) {
 
 func TestMaxMessageBytes(t *testing.T) {
 	for _, tc := range []struct {
-		code, stdin, want int64
+		code, stdin, files, want int64
 	}{
-		{1 << 20, 1 << 20, 13 << 20}, // the defaults: 12 MiB of escaped code and stdin, 1 MiB for the rest
-		{1, 0, 6 + 1<<20},
-		{1, math.MaxInt64 / 2, math.MaxInt64},
+		// The defaults: 12 MiB of escaped code and stdin, 20 MiB of
+		// files, 1 MiB for the rest.
+		{1 << 20, 1 << 20, 10 << 20, 33 << 20},
+		{1, 0, 0, 6 + 1<<20},
+		{1, math.MaxInt64 / 2, 0, math.MaxInt64},
+		{1, 1, math.MaxInt64 / 2, math.MaxInt64},
 	} {
 		o := testOptions()
-		o.MaxCodeBytes, o.MaxStdinBytes = tc.code, tc.stdin
+		o.MaxCodeBytes, o.MaxStdinBytes, o.MaxFileBytes = tc.code, tc.stdin, tc.files
 		if got := maxMessageBytes(o); got != tc.want {
-			t.Errorf("maxMessageBytes(code %d, stdin %d) = %d, want %d", tc.code, tc.stdin, got, tc.want)
+			t.Errorf("maxMessageBytes(code %d, stdin %d, files %d) = %d, want %d", tc.code, tc.stdin, tc.files, got, tc.want)
 		}
 	}
 }

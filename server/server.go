@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,6 +74,10 @@ type Options struct {
 	MaxOutputBytes int64
 	MaxStdinBytes  int64
 	MaxCodeBytes   int64
+	// MaxFiles and MaxFileBytes bound the files a call sends, and those it
+	// gets back from /tmp/outputs.
+	MaxFiles     int
+	MaxFileBytes int64
 	// Limits are the sandbox's resource limits, for the description and
 	// the audit log.
 	Limits policy.Limits
@@ -137,6 +142,12 @@ func (o Options) Validate() error {
 	}
 	if o.MaxCodeBytes <= 0 {
 		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_CODE_BYTES must be > 0, got %d", o.MaxCodeBytes))
+	}
+	if o.MaxFiles < 0 {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_FILES must be ≥ 0, got %d", o.MaxFiles))
+	}
+	if o.MaxFileBytes < 0 {
+		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_FILE_BYTES must be ≥ 0, got %d", o.MaxFileBytes))
 	}
 	if o.MaxConcurrency < 1 {
 		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_CONCURRENCY must be ≥ 1, got %d", o.MaxConcurrency))
@@ -210,27 +221,30 @@ func (s *Server) serving(ctx context.Context) {
 // execInput is the exec tool's input. TimeoutS is a pointer so that an
 // explicit 0 is told apart from "not given", and refused.
 type execInput struct {
-	Code     string   `json:"code"`
-	Stdin    string   `json:"stdin,omitempty"`
-	TimeoutS *float64 `json:"timeout_s,omitempty"`
+	Code     string      `json:"code"`
+	Stdin    string      `json:"stdin,omitempty"`
+	TimeoutS *float64    `json:"timeout_s,omitempty"`
+	Files    []inputFile `json:"files,omitempty"`
 }
 
 // execOutput is the call's structuredContent. The contract's fields are
 // never renamed or removed; the rest are extras.
 type execOutput struct {
-	Stdout          string `json:"stdout" jsonschema:"what the program wrote to stdout (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
-	Stderr          string `json:"stderr" jsonschema:"what the program wrote to stderr (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
-	ExitCode        int    `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
-	TimedOut        bool   `json:"timed_out" jsonschema:"the wall-clock limit was hit and the whole container was killed"`
-	OOMKilled       bool   `json:"oom_killed" jsonschema:"the memory limit killed a process"`
-	PidsLimited     bool   `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
-	StdoutTruncated bool   `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
-	StderrTruncated bool   `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
-	Truncated       bool   `json:"truncated" jsonschema:"stdout_truncated or stderr_truncated"`
-	DurationMS      int64  `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
-	CPUMS           int64  `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's cgroup accounts it; 0 when unknown"`
-	PeakMemoryBytes int64  `json:"peak_memory_bytes" jsonschema:"highest memory use of the container, 0 when unknown"`
-	Runtime         string `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
+	Stdout          string       `json:"stdout" jsonschema:"what the program wrote to stdout (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	Stderr          string       `json:"stderr" jsonschema:"what the program wrote to stderr (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	ExitCode        int          `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
+	TimedOut        bool         `json:"timed_out" jsonschema:"the wall-clock limit was hit and the whole container was killed"`
+	OOMKilled       bool         `json:"oom_killed" jsonschema:"the memory limit killed a process"`
+	PidsLimited     bool         `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
+	StdoutTruncated bool         `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
+	StderrTruncated bool         `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
+	Truncated       bool         `json:"truncated" jsonschema:"stdout_truncated or stderr_truncated"`
+	DurationMS      int64        `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
+	CPUMS           int64        `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's cgroup accounts it; 0 when unknown"`
+	PeakMemoryBytes int64        `json:"peak_memory_bytes" jsonschema:"highest memory use of the container, 0 when unknown"`
+	Runtime         string       `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
+	Files           []outputFile `json:"files" jsonschema:"the regular files the code left under /tmp/outputs, each also a content block"`
+	FilesTruncated  bool         `json:"files_truncated" jsonschema:"a file under /tmp/outputs was left out for the file count or size limit"`
 }
 
 // origin is what carried a call: Done of ctx means its client is gone (nil:
@@ -278,6 +292,7 @@ func (s *Server) tool() *mcp.Tool {
 					"description": fmt.Sprintf("wall-clock limit in seconds, > 0 and ≤ %s; default %s",
 						fmtSeconds(s.opts.MaxTimeout), fmtSeconds(s.opts.DefaultTimeout)),
 				},
+				"files": filesSchema(s.opts),
 			},
 		},
 		Annotations: &mcp.ToolAnnotations{
@@ -306,6 +321,11 @@ func (s *Server) description() string {
 		b.WriteString("A POSIX shell (/bin/sh) and the common command-line tools exist, so os.system and subprocess with shell=True work. ")
 	} else {
 		b.WriteString("There is no shell: run programs with subprocess and an argument list. ")
+	}
+	fmt.Fprintf(&b, "To hand the code data, send files (written under /tmp before it starts); to get files back, have the code write them to /tmp/outputs: "+
+		"each comes back as an image or a resource (at most %d files, %d bytes in all). ", o.MaxFiles, o.MaxFileBytes)
+	if slices.Contains(info.Modules, "matplotlib") {
+		b.WriteString("plt.show() saves each figure as a PNG in /tmp/outputs, so a plot comes back as an image. ")
 	}
 	fmt.Fprintf(&b, "Limits per call: %d MiB of memory, %d processes/threads, %s CPU; a wall-clock timeout of %s s by default, up to %s s with timeout_s; stdout and stderr are each cut at %d bytes; stdin up to %d bytes. ",
 		o.Limits.MemoryBytes/mib, o.Limits.Pids, strconv.FormatFloat(o.Limits.CPUs, 'f', -1, 64),
@@ -377,15 +397,21 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 			s.log.Error("exec teardown", "call", rec.CallID, "err", err)
 		}
 		out := outputOf(res, s.info.Runtime)
-		return &mcp.CallToolResult{
-			Content: []mcp.Content{&mcp.TextContent{Text: summary(out, timeout, s.opts)}},
-		}, out, nil
+		content := []mcp.Content{&mcp.TextContent{Text: summary(out, timeout, s.opts)}}
+		for i, f := range res.Files {
+			content = append(content, fileContent(f, out.Files[i].MIMEType))
+		}
+		return &mcp.CallToolResult{Content: content}, out, nil
 	}
 }
 
 // exec validates the input, waits for a free slot and runs the code.
 func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInput) (runtime.Result, time.Duration, error) {
 	timeout, err := s.validate(in)
+	if err != nil {
+		return runtime.Result{}, 0, &inputError{err}
+	}
+	files, err := s.validateFiles(in.Files)
 	if err != nil {
 		return runtime.Result{}, 0, &inputError{err}
 	}
@@ -400,6 +426,7 @@ func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInpu
 	res, err := s.eng.Run(ctx, runtime.Request{
 		Code:           []byte(in.Code),
 		Stdin:          []byte(in.Stdin),
+		Files:          files,
 		Timeout:        timeout,
 		MaxOutputBytes: s.opts.MaxOutputBytes,
 	})
@@ -544,7 +571,13 @@ func (s *Server) newRecord(client string, in execInput) auditRecord {
 }
 
 func outputOf(res runtime.Result, runtimeName string) execOutput {
+	files := make([]outputFile, len(res.Files))
+	for i, f := range res.Files {
+		files[i] = outputFile{Path: f.Path, Size: int64(len(f.Data)), MIMEType: mimeType(f.Path, f.Data)}
+	}
 	return execOutput{
+		Files:           files,
+		FilesTruncated:  res.FilesTruncated,
 		Stdout:          strings.ToValidUTF8(string(res.Stdout), "\uFFFD"),
 		Stderr:          strings.ToValidUTF8(string(res.Stderr), "\uFFFD"),
 		ExitCode:        res.ExitCode,
@@ -579,6 +612,16 @@ func summary(out execOutput, timeout time.Duration, o Options) string {
 	}
 	if out.StderrTruncated {
 		fmt.Fprintf(&b, "; stderr truncated at %d bytes", o.MaxOutputBytes)
+	}
+	if n := len(out.Files); n > 0 {
+		paths := make([]string, n)
+		for i, f := range out.Files {
+			paths[i] = f.Path
+		}
+		fmt.Fprintf(&b, "; %d file(s) from /tmp/outputs: %s", n, strings.Join(paths, ", "))
+	}
+	if out.FilesTruncated {
+		fmt.Fprintf(&b, "; files left out of /tmp/outputs for the limits (%d files, %d bytes)", o.MaxFiles, o.MaxFileBytes)
 	}
 	fmt.Fprintf(&b, " (%d ms)\n", out.DurationMS)
 	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {

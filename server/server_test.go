@@ -78,6 +78,11 @@ func (f *fakeEngine) Run(ctx context.Context, req runtime.Request) (runtime.Resu
 		fmt.Sscan(arg, &res.ExitCode)
 	case "stdin":
 		res.Stdout = req.Stdin
+	case "echofiles":
+		// The input files come back as outputs, and a PNG with them.
+		res.Files = append(res.Files, req.Files...)
+		res.Files = append(res.Files, runtime.File{Path: "plot.png", Data: []byte("\x89PNG\r\n\x1a\n0000")})
+		res.FilesTruncated = arg == "truncated"
 	}
 	res.Duration = max(time.Since(start), time.Millisecond)
 	return res, nil
@@ -90,6 +95,8 @@ func testOptions() Options {
 		MaxOutputBytes: 1 << 20,
 		MaxStdinBytes:  1 << 20,
 		MaxCodeBytes:   1 << 20,
+		MaxFiles:       20,
+		MaxFileBytes:   10 << 20,
 		Limits:         policy.DefaultLimits(),
 		MaxConcurrency: 4,
 		MaxQueued:      16,
@@ -594,5 +601,72 @@ func TestSummary(t *testing.T) {
 		"stdout truncated at 10 bytes (42 ms)\n--- stdout ---\n0123456789\n--- stderr ---\nerr\n"
 	if got != want {
 		t.Errorf("summary = %q, want %q", got, want)
+	}
+}
+
+func TestExecFiles(t *testing.T) {
+	opts := testOptions()
+	opts.MaxFiles, opts.MaxFileBytes = 3, 100
+	eng := newFakeEngine()
+	_, cs := connect(t, eng, opts, nil)
+
+	args := map[string]any{"code": "echofiles:truncated", "files": []map[string]any{
+		{"path": "data/in.csv", "content": "a,b\n1,2\n"},
+		{"path": "raw.bin", "content_base64": "AAEC/w=="},
+	}}
+	out, res := call(t, cs, args)
+	want := []outputFile{
+		{Path: "data/in.csv", Size: 8, MIMEType: "text/csv"},
+		{Path: "raw.bin", Size: 4, MIMEType: "application/octet-stream"},
+		{Path: "plot.png", Size: 12, MIMEType: "image/png"},
+	}
+	if !slices.Equal(out.Files, want) || !out.FilesTruncated {
+		t.Errorf("exec with files: files = %+v, truncated %v; want %+v, true", out.Files, out.FilesTruncated, want)
+	}
+	if len(res.Content) != 4 {
+		t.Fatalf("exec with files: %d content blocks, want the text and one per file", len(res.Content))
+	}
+	if r, ok := res.Content[1].(*mcp.EmbeddedResource); !ok || r.Resource.Text != "a,b\n1,2\n" || r.Resource.MIMEType != "text/csv" ||
+		r.Resource.URI != "file:///tmp/outputs/data/in.csv" {
+		t.Errorf("content[1] = %#v, want the CSV as a text resource", res.Content[1])
+	}
+	if r, ok := res.Content[2].(*mcp.EmbeddedResource); !ok || string(r.Resource.Blob) != "\x00\x01\x02\xff" || r.Resource.Text != "" {
+		t.Errorf("content[2] = %#v, want the bytes as a blob resource", res.Content[2])
+	}
+	if img, ok := res.Content[3].(*mcp.ImageContent); !ok || img.MIMEType != "image/png" || len(img.Data) != 12 {
+		t.Errorf("content[3] = %#v, want the PNG as an image block", res.Content[3])
+	}
+	if txt := text(res); !strings.Contains(txt, "3 file(s) from /tmp/outputs: data/in.csv, raw.bin, plot.png") || !strings.Contains(txt, "left out") {
+		t.Errorf("text = %q, want the files named and the truncation said", txt)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		files any
+		want  string
+	}{
+		{"too many", []map[string]any{{"path": "a", "content": ""}, {"path": "b", "content": ""}, {"path": "c", "content": ""}, {"path": "d", "content": ""}},
+			"files: 4 files, over the limit of 3 (MCP_EXEC_MAX_FILES)"},
+		{"too big", []map[string]any{{"path": "a", "content": strings.Repeat("x", 60)}, {"path": "b", "content": strings.Repeat("x", 60)}},
+			"files: more than 100 bytes in all, over the limit (MCP_EXEC_MAX_FILE_BYTES)"},
+		{"absolute", []map[string]any{{"path": "/etc/passwd", "content": ""}}, "files[0].path \"/etc/passwd\": path must be relative"},
+		{"dot dot", []map[string]any{{"path": "a/../../x", "content": ""}}, "files[0].path \"a/../../x\": path has a \"..\" element"},
+		{"NUL", []map[string]any{{"path": "a\x00b", "content": ""}}, "NUL"},
+		{"outputs", []map[string]any{{"path": "outputs/x", "content": ""}}, "/tmp/outputs starts empty"},
+		{"both contents", []map[string]any{{"path": "a", "content": "", "content_base64": ""}}, "not both"},
+		{"no content", []map[string]any{{"path": "a"}}, "content or content_base64 is required"},
+		{"bad base64", []map[string]any{{"path": "a", "content_base64": "!!"}}, "files[0].content_base64"},
+		{"twice", []map[string]any{{"path": "a", "content": ""}, {"path": "a", "content": ""}}, "given twice"},
+		{"file and dir", []map[string]any{{"path": "a", "content": ""}, {"path": "a/b", "content": ""}}, "is a file and a directory"},
+		{"wrong type", "not a list", "files"},
+	} {
+		before := eng.calls.Load()
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "echofiles", "files": tc.files}})
+		if err != nil || !res.IsError || !strings.Contains(text(res), tc.want) {
+			t.Errorf("exec with %s files = %v, %q; want isError naming %q", tc.name, err, text(res), tc.want)
+		}
+		if eng.calls.Load() != before {
+			t.Errorf("exec with %s files: the engine ran", tc.name)
+		}
 	}
 }

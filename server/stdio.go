@@ -120,7 +120,7 @@ func readLine(r *bufio.Reader, max int) (line []byte, size int, err error) {
 // would choke on, or 0.
 func checkLine(line []byte, size, maxLine int) (int64, string) {
 	if size > maxLine {
-		return jsonrpc.CodeInvalidRequest, fmt.Sprintf("message is %d bytes, over the limit of %d bytes (set by MCP_EXEC_MAX_CODE_BYTES and MCP_EXEC_MAX_STDIN_BYTES)", size, maxLine)
+		return jsonrpc.CodeInvalidRequest, fmt.Sprintf("message is %d bytes, over the limit of %d bytes (set by MCP_EXEC_MAX_CODE_BYTES, MCP_EXEC_MAX_STDIN_BYTES and MCP_EXEC_MAX_FILE_BYTES)", size, maxLine)
 	}
 	if !json.Valid(line) {
 		return jsonrpc.CodeParseError, "parse error: the line is not valid JSON"

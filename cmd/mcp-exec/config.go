@@ -204,6 +204,8 @@ func (c *config) serverOptions() server.Options {
 		MaxOutputBytes: c.MaxOutputBytes,
 		MaxStdinBytes:  c.MaxStdinBytes,
 		MaxCodeBytes:   c.MaxCodeBytes,
+		MaxFiles:       c.MaxFiles,
+		MaxFileBytes:   c.MaxFileBytes,
 		Limits:         c.Limits,
 		MaxConcurrency: c.MaxConcurrency,
 		MaxQueued:      c.MaxQueued,

@@ -251,9 +251,10 @@ func TestBinaryStdio(t *testing.T) {
 func TestBinaryStdioBadLines(t *testing.T) {
 	p := startServer(t, []string{"MCP_EXEC_MAX_STDIN_BYTES=100"})
 	p.initialize(t)
-	// Over 6 × (code + stdin limits) + 1 MiB: no valid call is that long.
+	// Over 6 × (code + stdin limits) + 2 × files + 1 MiB: no valid call is
+	// that long.
 	huge := `{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"exec","arguments":{"code":"` +
-		strings.Repeat("x", 14<<20) + `"}}}`
+		strings.Repeat("x", 34<<20) + `"}}}`
 	for _, tc := range []struct {
 		name, line string
 		id         any // nil: null
@@ -265,7 +266,7 @@ func TestBinaryStdioBadLines(t *testing.T) {
 		{"method not a string", `{"jsonrpc":"2.0","id":"four","method":4}`, "four", -32600, "invalid JSON-RPC message"},
 		{"not an object", `42`, nil, -32600, "invalid JSON-RPC message"},
 		{"batch", `[{"jsonrpc":"2.0","id":6,"method":"ping"}]`, nil, -32600, "batches are not supported"},
-		{"over the line limit", huge, float64(7), -32600, "MCP_EXEC_MAX_CODE_BYTES and MCP_EXEC_MAX_STDIN_BYTES"},
+		{"over the line limit", huge, float64(7), -32600, "MCP_EXEC_MAX_CODE_BYTES, MCP_EXEC_MAX_STDIN_BYTES and MCP_EXEC_MAX_FILE_BYTES"},
 		{"unknown method", `{"jsonrpc":"2.0","id":8,"method":"nope"}`, float64(8), -32601, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -441,7 +442,7 @@ func TestBinaryHTTP(t *testing.T) {
 			{"foreign Host", http.Header{"Authorization": {"Bearer " + testToken}}, "evil.example:80", initializeBody, 403},
 			{"malformed JSON", http.Header{"Authorization": {"Bearer " + testToken}}, "", `{not json`, 400},
 			{"body over the limit", http.Header{"Authorization": {"Bearer " + testToken}}, "",
-				`{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"` + strings.Repeat("x", 14<<20) + `"}}`, 413},
+				`{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"` + strings.Repeat("x", 34<<20) + `"}}`, 413},
 		} {
 			if got := rawPost(t, base+"/mcp", tc.host, tc.header, tc.body); got != tc.want {
 				t.Errorf("POST /mcp with %s = %d, want %d", tc.name, got, tc.want)

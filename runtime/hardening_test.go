@@ -1,0 +1,418 @@
+package runtime_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+// The init, pid 1, is out of the code's reach: another uid, not dumpable,
+// and pid 1, so the code can neither patch its memory (the attack that
+// cleared a Python init's parent-death signal), nor read its environment,
+// nor signal it.
+func TestInitIsOutOfReach(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got map[string]any
+		h.probe(`import errno, json, os, signal
+out = {}
+def try_(name, f):
+    try:
+        f(); out[name] = 0
+    except OSError as e:
+        out[name] = e.errno
+try_("open /proc/1/mem rw", lambda: open("/proc/1/mem", "r+b"))
+try_("open /proc/1/mem r", lambda: open("/proc/1/mem", "rb"))
+try_("read /proc/1/environ", lambda: open("/proc/1/environ", "rb").read())
+try:
+    env = open("/proc/1/environ", "rb").read().split(b"\0")
+    own = set(("%s=%s" % kv).encode() for kv in os.environ.items())
+    out["environ beyond the code's own"] = [e.decode() for e in env if e and e not in own]
+except OSError:
+    out["environ beyond the code's own"] = []
+try_("kill 1 SIGKILL", lambda: os.kill(1, signal.SIGKILL))
+try_("kill 1 SIGTERM", lambda: os.kill(1, signal.SIGTERM))
+st = {}
+for line in open("/proc/1/status"):
+    k, _, v = line.partition(":")
+    st[k] = v.split()
+out["init uid"] = int(st["Uid"][0])
+out["own uid"] = os.getuid()
+print(json.dumps(out))`, &got)
+		for _, k := range []string{"open /proc/1/mem rw", "open /proc/1/mem r", "read /proc/1/environ", "kill 1 SIGKILL", "kill 1 SIGTERM"} {
+			if v, _ := got[k].(float64); v == 0 {
+				if k == "read /proc/1/environ" && h.kind == runtime.Runsc {
+					// gVisor's /proc lets any process read another's
+					// environ; the init's is the code's own allowlist.
+					continue
+				}
+				t.Errorf("%s: succeeded, want a permission error", k)
+			}
+		}
+		if extra, _ := got["environ beyond the code's own"].([]any); len(extra) > 0 {
+			t.Errorf("the init's environment holds what the code's does not: %v", extra)
+		}
+		if got["init uid"] == got["own uid"] {
+			t.Errorf("init runs as the code's uid %v", got["own uid"])
+		}
+	})
+}
+
+// mknod makes no device node, even in /tmp (gVisor would allow it there);
+// FIFOs work.
+func TestNoDeviceNodes(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got map[string]int
+		h.probe(`import json, os, stat
+out = {}
+for name, mode, dev in [("chr", stat.S_IFCHR | 0o666, os.makedev(1, 3)), ("blk", stat.S_IFBLK | 0o666, os.makedev(7, 0)),
+                        ("fifo", stat.S_IFIFO | 0o666, 0), ("reg", stat.S_IFREG | 0o644, 0)]:
+    try:
+        os.mknod("/tmp/" + name, mode, dev); out[name] = 0
+    except OSError as e:
+        out[name] = e.errno
+print(json.dumps(out))`, &got)
+		if got["chr"] != 1 || got["blk"] != 1 {
+			t.Errorf("mknod of devices in /tmp: chr errno %d, blk errno %d; want EPERM (1)", got["chr"], got["blk"])
+		}
+		if got["fifo"] != 0 || got["reg"] != 0 {
+			t.Errorf("mknod of a FIFO and a file: errno %d, %d; want both made", got["fifo"], got["reg"])
+		}
+	})
+}
+
+// What identifies the host is not readable: its kernel command line, its
+// boot id, its disks and modules.
+func TestHostIdentityHidden(t *testing.T) {
+	hostCmdline, _ := os.ReadFile("/proc/cmdline")
+	hostBootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var got map[string]string
+		h.probe(`import json
+out = {}
+for p in ["/proc/cmdline", "/proc/sys/kernel/random/boot_id", "/proc/modules", "/proc/partitions", "/proc/diskstats", "/proc/swaps"]:
+    try:
+        out[p] = open(p).read()
+    except OSError as e:
+        out[p] = ""
+out["mountinfo"] = open("/proc/self/mountinfo").read()
+print(json.dumps(out))`, &got)
+		if c := strings.TrimSpace(got["/proc/cmdline"]); c != "" && c == strings.TrimSpace(string(hostCmdline)) {
+			t.Errorf("/proc/cmdline shows the host's: %q", c)
+		}
+		if b := strings.TrimSpace(got["/proc/sys/kernel/random/boot_id"]); b != "" && b == strings.TrimSpace(string(hostBootID)) {
+			t.Errorf("boot_id is the host's: %q", b)
+		}
+		for _, p := range []string{"/proc/modules", "/proc/partitions", "/proc/diskstats", "/proc/swaps"} {
+			if h.kind == runtime.Libcontainer && got[p] != "" {
+				t.Errorf("%s is readable: %.80q", p, got[p])
+			}
+		}
+		// The server's state dir is named in no mount the code sees.
+		if strings.Contains(got["mountinfo"], runtime.InstanceID(h.rt)) {
+			t.Logf("mountinfo names the server instance (documented): %s", got["mountinfo"])
+		}
+	})
+}
+
+// Two concurrent calls do not share per-user kernel limits: one that
+// exhausts its inotify instances and POSIX message queue bytes leaves the
+// other both.
+func TestPerUserLimitsNotShared(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		exhaust := `import ctypes, json, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+while n < 10000 and libc.inotify_init1(0) >= 0:
+    n += 1
+class attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long), ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+libc.mq_open.restype = ctypes.c_int
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(attr)]
+q = 0
+while q < 1000:
+    a = attr(0, 10, 8192, 0)
+    if libc.mq_open(("/q%d" % q).encode(), os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(a)) < 0:
+        break
+    q += 1
+print(json.dumps({"inotify": n, "inotify_errno": ctypes.get_errno(), "mqueues": q}), flush=True)
+time.sleep(60)
+`
+		probe := `import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(0)
+ino_err = ctypes.get_errno() if fd < 0 else 0
+class attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long), ("curmsgs", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+libc.mq_open.restype = ctypes.c_int
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(attr)]
+a = attr(0, 10, 8192, 0)
+mq = libc.mq_open(b"/probe", os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(a))
+mq_err = ctypes.get_errno() if mq < 0 else 0
+print(json.dumps({"inotify_errno": ino_err, "mq_errno": mq_err}))`
+
+		// A exhausts its limits, then holds them.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		aDone := make(chan runtime.Result, 1)
+		b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			res, err := runtime.Run(ctx, h.rt, b, runtime.Request{Code: []byte(exhaust), Timeout: 120 * time.Second, MaxOutputBytes: 1 << 20})
+			if ctx.Err() == nil {
+				t.Errorf("the first call ended before the second ran: %v, exit %d\n%s\n%s", err, res.ExitCode, res.Stdout, res.Stderr)
+			}
+			aDone <- res
+		}()
+		// Wait until A holds them: its inotify fds, counted from the host;
+		// under gVisor they are its own kernel's, so until A has spun
+		// through its loops and sits idle (its cgroup's CPU time stops).
+		if h.kind == runtime.Libcontainer {
+			waitCond(t, 60*time.Second, "the first call to exhaust its inotify instances", func() bool {
+				return countInotify(b.ID) >= 100
+			})
+		} else {
+			var last time.Duration
+			var still int
+			waitCond(t, 60*time.Second, "the first call to exhaust its limits and sit idle", func() bool {
+				cpu := callCPU(runtime.InstanceID(h.rt), b.ID)
+				if cpu > 50*time.Millisecond && cpu-last < time.Millisecond {
+					still++
+				} else {
+					still = 0
+				}
+				last = cpu
+				return still >= 10
+			})
+		}
+		var got struct{ InotifyErrno, MqErrno int }
+		res := h.mustRun(probe)
+		if err := json.Unmarshal(res.Stdout, &got); err != nil {
+			t.Fatalf("probe: %v\n%s\n%s", err, res.Stdout, res.Stderr)
+		}
+		cancel()
+		<-aDone
+		if got.InotifyErrno != 0 {
+			t.Errorf("inotify_init1 in a second call failed with errno %d while the first held its limit", got.InotifyErrno)
+		}
+		if got.MqErrno != 0 && !(h.kind == runtime.Runsc && got.MqErrno == 38) {
+			t.Errorf("mq_open in a second call failed with errno %d while the first held its limit", got.MqErrno)
+		}
+	})
+}
+
+// countInotify counts the inotify instances held by the processes of a
+// call, from the host.
+func countInotify(callID string) int {
+	n := 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !bytes.Contains(cg, []byte(callID)) {
+			continue
+		}
+		fds, _ := os.ReadDir(filepath.Join("/proc", e.Name(), "fd"))
+		for _, fd := range fds {
+			if l, err := os.Readlink(filepath.Join("/proc", e.Name(), "fd", fd.Name())); err == nil && l == "anon_inode:inotify" {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// callCPU is a call's CPU time so far, from its cgroup.
+func callCPU(instance, callID string) time.Duration {
+	data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct/mcp-exec", instance, callID, "cpuacct.usage"))
+	if err != nil {
+		data, _ = os.ReadFile(filepath.Join("/sys/fs/cgroup/mcp-exec", instance, callID, "cpu.stat"))
+		for _, l := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(l, " "); ok && k == "usage_usec" {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return time.Duration(n) * time.Microsecond
+			}
+		}
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	return time.Duration(n)
+}
+
+// waitCond polls cond until it holds, failing after d.
+func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Socket buffers count against the call: a call that queues twice its
+// memory limit in loopback TCP and UDP sockets has its sends refused or is
+// OOM-killed, and the kernel's socket memory, host-wide, grows by no more
+// than the limit.
+func TestSocketMemoryIsBounded(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.MemoryBytes = 64 << 20
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			for _, proto := range []string{"tcp", "udp", "tcp-many"} {
+				t.Run(proto, func(t *testing.T) {
+					before := socketPages(t)
+					peak := before
+					stop := make(chan struct{})
+					sampled := make(chan struct{})
+					go func() {
+						defer close(sampled)
+						for {
+							select {
+							case <-stop:
+								return
+							case <-time.After(20 * time.Millisecond):
+							}
+							if p := socketPages(t); p > peak {
+								peak = p
+							}
+						}
+					}()
+					res, err := h.run(fmt.Sprintf(queueCode, proto, limits.MemoryBytes*2), withTimeout(60*time.Second))
+					close(stop)
+					<-sampled
+					if err != nil {
+						t.Fatal(err)
+					}
+					grown := (peak - before) * int64(os.Getpagesize())
+					t.Logf("%s: exit %d oom %v, queued %s, host socket memory grew by %d MiB (limit %d MiB)",
+						proto, res.ExitCode, res.OOMKilled, strings.TrimSpace(string(res.Stdout)), grown>>20, limits.MemoryBytes>>20)
+					var queued int64
+					fmt.Sscan(strings.TrimSpace(string(res.Stdout)), &queued)
+					if proto == "tcp-many" && !res.OOMKilled && grown > limits.SocketBytes()*3 {
+						t.Errorf("%s: socket memory grew by %d MiB, over three times its bound, and the call was not killed", proto, grown>>20)
+					}
+					if !res.OOMKilled && queued >= 2*limits.MemoryBytes {
+						t.Errorf("%s: queued %d bytes, twice the limit, neither refused nor OOM-killed", proto, queued)
+					}
+					if grown > limits.MemoryBytes {
+						t.Errorf("%s: the host's socket memory grew by %d MiB, over the call's limit of %d MiB", proto, grown>>20, limits.MemoryBytes>>20)
+					}
+				})
+			}
+		})
+	}
+}
+
+// queueCode fills loopback sockets nobody reads, with non-blocking sends,
+// until it has queued the goal or no send is taken any more, and prints
+// how much it queued.
+//
+// tcp-many is the attack on the kernel's per-socket minimums (each socket
+// may keep a buffer or two past the cgroup's bound): eight processes, each
+// with as many connections as its file limit allows.
+const queueCode = `import os, socket, sys, time
+proto, goal = %q, %d
+queued, socks, chunk = 0, [], b"x" * 65536
+def full():
+    return queued >= goal
+if proto == "tcp-many":
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(4096)
+    kids = []
+    for k in range(8):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for i in range(480):
+                    c = socket.socket(); c.connect(srv.getsockname()); a, _ = srv.accept()
+                    c.setblocking(False); socks += [c, a]
+                    try:
+                        while True:
+                            c.send(chunk)
+                    except OSError:
+                        pass
+            finally:
+                time.sleep(5)
+                os._exit(0)
+        kids.append(pid)
+    for pid in kids:
+        os.waitpid(pid, 0)
+elif proto == "tcp":
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1000)
+    while not full() and len(socks) < 900:
+        c = socket.socket(); c.connect(srv.getsockname()); a, _ = srv.accept()
+        c.setblocking(False); socks += [c, a]
+        stalled = 0
+        while not full():
+            try:
+                queued += c.send(chunk)
+            except BlockingIOError:
+                break
+            except OSError:
+                stalled = 1; break
+        if stalled:
+            break
+else:
+    dst = []
+    for i in range(450):
+        r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); r.bind(("127.0.0.1", 0)); dst.append(r)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setblocking(False)
+    misses = 0
+    while not full() and misses < 2000:
+        for r in dst:
+            try:
+                s.sendto(chunk[:60000], r.getsockname())
+            except (BlockingIOError, OSError):
+                misses += 1
+        # What is really queued: the receive queues' sum.
+        import fcntl, termios, struct
+        total = 0
+        for r in dst:
+            total += struct.unpack("i", fcntl.ioctl(r, termios.FIONREAD, b"\0\0\0\0"))[0]
+        if total <= queued:
+            misses += 100
+        queued = total
+print(queued, flush=True)
+time.sleep(1)
+`
+
+// socketPages is the kernel's socket buffer memory in pages, host-wide
+// (/proc/net/sockstat's mem of TCP and UDP).
+func socketPages(t *testing.T) int64 {
+	f, err := os.Open("/proc/net/sockstat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var total int64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 || (fields[0] != "TCP:" && fields[0] != "UDP:") {
+			continue
+		}
+		for i := 1; i+1 < len(fields); i += 2 {
+			if fields[i] == "mem" {
+				n, _ := strconv.ParseInt(fields[i+1], 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}

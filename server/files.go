@@ -1,0 +1,159 @@
+package server
+
+import (
+	"encoding/base64"
+	"fmt"
+	"mime"
+	"net/http"
+	"path"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+// inputFile is one of the exec tool's input files: a path relative to
+// /tmp and its content, as text or as base64.
+type inputFile struct {
+	Path          string  `json:"path"`
+	Content       *string `json:"content,omitempty"`
+	ContentBase64 *string `json:"content_base64,omitempty"`
+}
+
+// outputFile describes a file returned from /tmp/outputs.
+type outputFile struct {
+	Path     string `json:"path" jsonschema:"path relative to /tmp/outputs"`
+	Size     int64  `json:"size" jsonschema:"size in bytes"`
+	MIMEType string `json:"mime_type" jsonschema:"media type, from the name or the content"`
+}
+
+// outputsDir is the dir under /tmp whose files come back.
+const outputsDir = "outputs"
+
+// filesSchema is the input schema of files. The limits are in its
+// description, not in maxItems: the handler's own check names the variable
+// that sets them, the SDK's schema error would not.
+func filesSchema(o Options) map[string]any {
+	return map[string]any{
+		"type": "array",
+		"description": fmt.Sprintf("files written under /tmp (the working directory) before the code starts; at most %d files and %d bytes in all. "+
+			"Leave files to return in /tmp/outputs.", o.MaxFiles, o.MaxFileBytes),
+		"items": map[string]any{
+			"type":     "object",
+			"required": []string{"path"},
+			"properties": map[string]any{
+				"path":           map[string]any{"type": "string", "description": "relative to /tmp; no '..', not absolute"},
+				"content":        map[string]any{"type": "string", "description": "the file's text (UTF-8)"},
+				"content_base64": map[string]any{"type": "string", "description": "the file's bytes, base64-encoded (instead of content)"},
+			},
+		},
+	}
+}
+
+// validateFiles decodes the input files and checks them against the
+// limits; every message names files.
+func (s *Server) validateFiles(in []inputFile) ([]runtime.File, error) {
+	if len(in) > s.opts.MaxFiles {
+		return nil, fmt.Errorf("files: %d files, over the limit of %d (MCP_EXEC_MAX_FILES)", len(in), s.opts.MaxFiles)
+	}
+	var total int64
+	seen := map[string]bool{}
+	out := make([]runtime.File, 0, len(in))
+	for i, f := range in {
+		if err := runtime.CheckRelPath(f.Path); err != nil {
+			return nil, fmt.Errorf("files[%d].path %q: %v", i, f.Path, err)
+		}
+		clean := path.Clean(f.Path)
+		if clean == outputsDir || strings.HasPrefix(clean, outputsDir+"/") {
+			return nil, fmt.Errorf("files[%d].path %q: /tmp/outputs starts empty in every call; put input files elsewhere", i, f.Path)
+		}
+		if seen[clean] {
+			return nil, fmt.Errorf("files[%d].path %q: given twice", i, f.Path)
+		}
+		seen[clean] = true
+		var data []byte
+		switch {
+		case f.Content != nil && f.ContentBase64 != nil:
+			return nil, fmt.Errorf("files[%d]: give content or content_base64, not both", i)
+		case f.Content != nil:
+			data = []byte(*f.Content)
+		case f.ContentBase64 != nil:
+			var err error
+			if data, err = base64.StdEncoding.DecodeString(*f.ContentBase64); err != nil {
+				return nil, fmt.Errorf("files[%d].content_base64: %v", i, err)
+			}
+		default:
+			return nil, fmt.Errorf("files[%d]: content or content_base64 is required", i)
+		}
+		total += int64(len(data))
+		if total > s.opts.MaxFileBytes {
+			return nil, fmt.Errorf("files: more than %d bytes in all, over the limit (MCP_EXEC_MAX_FILE_BYTES)", s.opts.MaxFileBytes)
+		}
+		out = append(out, runtime.File{Path: clean, Data: data})
+	}
+	// A file cannot also be a directory of another.
+	for p := range seen {
+		for d := path.Dir(p); d != "."; d = path.Dir(d) {
+			if seen[d] {
+				return nil, fmt.Errorf("files: %q is a file and a directory of %q", d, p)
+			}
+		}
+	}
+	return out, nil
+}
+
+// imageTypes are returned as MCP image blocks.
+var imageTypes = map[string]bool{"image/png": true, "image/jpeg": true, "image/gif": true, "image/webp": true}
+
+// mimeType guesses a file's media type from its name, else its content.
+func mimeType(name string, data []byte) string {
+	if t := mime.TypeByExtension(path.Ext(name)); t != "" {
+		t, _, _ = strings.Cut(t, ";")
+		return t
+	}
+	t, _, _ := strings.Cut(http.DetectContentType(data), ";")
+	return t
+}
+
+// fileContent is the content block of a returned file: an image block for
+// an image, else an embedded resource, as text when it is UTF-8.
+func fileContent(f runtime.File, typ string) mcp.Content {
+	if imageTypes[typ] {
+		return &mcp.ImageContent{Data: f.Data, MIMEType: typ}
+	}
+	rc := &mcp.ResourceContents{URI: "file:///tmp/outputs/" + escapePath(f.Path), MIMEType: typ}
+	if utf8.Valid(f.Data) && !strings.ContainsRune(string(f.Data), 0) {
+		rc.Text = string(f.Data)
+		if len(f.Data) == 0 {
+			// An empty text would vanish from the wire (omitempty): an
+			// empty blob says the same and survives.
+			rc.Blob = []byte{}
+		}
+	} else {
+		rc.Blob = f.Data
+	}
+	return &mcp.EmbeddedResource{Resource: rc}
+}
+
+func escapePath(p string) string {
+	parts := strings.Split(p, "/")
+	for i, s := range parts {
+		parts[i] = strings.ReplaceAll(urlPathEscape(s), "+", "%2B")
+	}
+	return strings.Join(parts, "/")
+}
+
+func urlPathEscape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-._~", c) >= 0 {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
