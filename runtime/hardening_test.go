@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -415,4 +417,167 @@ func socketPages(t *testing.T) int64 {
 		}
 	}
 	return total
+}
+
+// A call never runs past its timeout plus a short grace, server alive or
+// not: with the supervision's own timer off, as if it had failed, the
+// watchdog kills the container.
+func TestWatchdogEnforcesDeadline(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		var res runtime.Result
+		var err error
+		// The test's own bound, should the watchdog fail too.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		runtime.WithoutSupervisionTimer(func() {
+			res, err = h.run("import time; time.sleep(600)", withTimeout(time.Second), withContext(ctx))
+		})
+		if err != nil {
+			t.Fatalf("the call outlived its timeout and the watchdog's grace by far: %v", err)
+		}
+		if res.ExitCode != 137 || res.TimedOut {
+			t.Errorf("exit %d, timed out %v; want killed (137) by the watchdog, not by the (disabled) supervision timer", res.ExitCode, res.TimedOut)
+		}
+		if limit := time.Second + runtime.WatchdogGrace + 2*time.Second; res.Duration > limit {
+			t.Errorf("the code ran %v, past its 1 s timeout and the watchdog's grace (%v)", res.Duration, limit)
+		}
+		t.Logf("a 1 s call whose server timer failed was killed after %v", res.Duration.Round(time.Millisecond))
+	})
+}
+
+// pythonRunning reports whether a process of the call runs the code: under
+// libcontainer the interpreter is a host process of the call's cgroup.
+func pythonRunning(callID string, kind runtime.Kind) bool {
+	if kind == runtime.Runsc {
+		return true // gVisor's tasks are not host processes; CPU time says it ran
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !bytes.Contains(cg, []byte(callID)) {
+			continue
+		}
+		if cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); bytes.Contains(cmd, []byte("python3")) {
+			return true
+		}
+	}
+	return false
+}
+
+// A server killed mid-call takes its containers with it within seconds,
+// even when the sandbox's init does not die with it (played here by an
+// init told to set no parent-death signal), and with the host under load:
+// the watchdog kills them. No new server starts to sweep them.
+func TestDeadServerBackstop(t *testing.T) {
+	if dir := os.Getenv("MCP_EXEC_TEST_BACKSTOP_SERVER"); dir != "" {
+		backstopServer(t, dir, runtime.Kind(os.Getenv("MCP_EXEC_TEST_BACKSTOP_KIND")))
+		return
+	}
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			testRootfs(t)
+			if kind == runtime.Libcontainer {
+				if err := runtime.LibcontainerUsable(); err != nil {
+					need(t, "%v", err)
+				}
+			}
+			// Four busy loops alongside, as on a loaded host.
+			for range 4 {
+				spin := exec.Command("/bin/sh", "-c", "while :; do :; done")
+				if err := spin.Start(); err != nil {
+					t.Fatal(err)
+				}
+				defer func() { spin.Process.Kill(); spin.Wait() }()
+			}
+			stateDir := filepath.Join(t.TempDir(), "state")
+			cmd := exec.Command(os.Args[0], "-test.run=^TestDeadServerBackstop$", "-test.v")
+			cmd.Env = append(os.Environ(), "MCP_EXEC_TEST_BACKSTOP_SERVER="+stateDir, "MCP_EXEC_TEST_BACKSTOP_KIND="+string(kind))
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			var call string
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == "CALL" {
+					call = f[1]
+					break
+				}
+			}
+			if call == "" {
+				t.Fatal("the server never reported its call")
+			}
+			waitCond(t, 120*time.Second, "the call's code to run", func() bool { return pythonRunning(call, kind) && len(callProcesses(call)) > 0 })
+			cmd.Process.Signal(syscall.SIGKILL)
+			cmd.Wait()
+			killed := time.Now()
+			for len(callProcesses(call)) > 0 && time.Since(killed) < 10*time.Second {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if left := callProcesses(call); len(left) > 0 {
+				t.Fatalf("%d processes of the call outlived their server by 10 s: %v", len(left), left)
+			}
+			t.Logf("the call's processes were gone %v after the server was killed", time.Since(killed).Round(time.Millisecond))
+			// The watchdog removes the cgroups once they are empty.
+			for len(callCgroups(call)) > 0 && time.Since(killed) < 10*time.Second {
+				time.Sleep(20 * time.Millisecond)
+			}
+			assertNoCgroups(t, call, true)
+		})
+	}
+}
+
+// callCgroups lists a call's cgroup dirs in every hierarchy.
+func callCgroups(callID string) []string {
+	matches, _ := filepath.Glob("/sys/fs/cgroup/*/mcp-exec/*/" + callID)
+	more, _ := filepath.Glob("/sys/fs/cgroup/mcp-exec/*/" + callID)
+	return append(matches, more...)
+}
+
+// callProcesses lists the host processes in a call's cgroups.
+func callProcesses(callID string) []string {
+	var pids []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err == nil && bytes.Contains(cg, []byte(callID)) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+// backstopServer is the child of TestDeadServerBackstop: it starts a call
+// whose init sets no parent-death signal, says which, and waits to be
+// killed.
+func backstopServer(t *testing.T, stateDir string, kind runtime.Kind) {
+	rt, err := runtime.New(kind, runtime.Config{StateDir: stateDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := sharedRootfs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.New(rt.BundleDir(), testBundleConfig(dir, rt, policy.DefaultLimits()), uuid.NewString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := b.Spec.Process.Args
+	b.Spec.Process.Args = append([]string{args[0], args[1], "test_no_parent_death=1"}, args[2:]...)
+	if err := b.WriteSpec(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("CALL %s\n", b.ID)
+	sb, err := rt.Prepare(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb.Run(context.Background(), runtime.Request{Code: []byte("import time; time.sleep(1000)"), Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
+	t.Fatal("the call ended before the server was killed")
 }

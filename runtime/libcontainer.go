@@ -266,7 +266,9 @@ func (sb *lcSandbox) Run(ctx context.Context, req Request) (Result, error) {
 	}
 	sb.ran = true
 	sb.mu.Unlock()
-	return supervise(ctx, sb, sb.sess, req, nil)
+	return supervise(ctx, sb, sb.sess, req, func(deadline time.Time) {
+		sb.rt.inst.wd.arm(sb.b.Spec.Linux.CgroupsPath, deadline)
+	})
 }
 
 func (sb *lcSandbox) exited() <-chan struct{} { return sb.done }
@@ -325,6 +327,9 @@ func (sb *lcSandbox) teardown() error {
 	}
 	if sb.slot != nil {
 		sb.rt.slots.release(sb.slot)
+	}
+	if sb.ran {
+		sb.rt.inst.wd.disarm(sb.b.Spec.Linux.CgroupsPath)
 	}
 	sb.rt.live.remove(sb)
 	return errors.Join(errs...)

@@ -8,6 +8,8 @@ import (
 	"github.com/opencontainers/runc/libcontainer"
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
 	"github.com/sirupsen/logrus"
+
+	"github.com/inhuman/mcp-exec/runtime"
 )
 
 // The test binary starts containers, so like the server it must become the
@@ -16,6 +18,7 @@ func init() {
 	if len(os.Args) > 1 && os.Args[1] == "init" {
 		libcontainer.Init()
 	}
+	runtime.RunWatchdogIfAsked()
 	// See cmd/mcp-exec/init.go: keep the main thread out of libcontainer's
 	// locked helper threads, which would pin a container's mounts.
 	goruntime.LockOSThread()

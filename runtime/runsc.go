@@ -315,7 +315,9 @@ func (sb *runscSandbox) Run(ctx context.Context, req Request) (Result, error) {
 	}
 	sb.ran = true
 	sb.mu.Unlock()
-	return supervise(ctx, sb, sb.sess, req, nil)
+	return supervise(ctx, sb, sb.sess, req, func(deadline time.Time) {
+		sb.rt.inst.wd.arm(sb.b.Spec.Linux.CgroupsPath, deadline)
+	})
 }
 
 func (sb *runscSandbox) exited() <-chan struct{} { return sb.done }
@@ -434,6 +436,9 @@ func (sb *runscSandbox) teardown() error {
 	sb.mu.Unlock()
 	if err := sb.b.Remove(); err != nil {
 		errs = append(errs, err)
+	}
+	if ran := sb.ran; ran {
+		sb.rt.inst.wd.disarm(sb.b.Spec.Linux.CgroupsPath)
 	}
 	sb.rt.live.remove(sb)
 	return errors.Join(errs...)

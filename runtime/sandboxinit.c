@@ -489,8 +489,12 @@ static void set_rlimit(int resource, uint64_t v, const char *what) {
 
 static int sandbox_init(int argc, char **argv) {
 	// Die with whatever started us: the runtime, or runsc's sandbox. Set
-	// first, before the code exists, so that no window is left.
-	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	// first, before the code exists, so that no window is left. (Only the
+	// watchdog's test turns this off, and the exit when the host goes, to
+	// play an init the code has subverted.)
+	int subverted = argc > 2 && strcmp(argv[2], "test_no_parent_death=1") == 0;
+	if (!subverted)
+		prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 	// Not dumpable: the code, another uid, could not open /proc/1/mem
 	// anyway; this also keeps /proc/1's other files root's only.
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -519,6 +523,8 @@ static int sandbox_init(int argc, char **argv) {
 			c.max_file_bytes = parse_u64(k, v);
 		else if (strcmp(k, "workdir") == 0)
 			c.workdir = v;
+		else if (strcmp(k, "test_no_parent_death") == 0)
+			; // handled first thing
 		// Limits of the code's every process, set here rather than by the
 		// runtime: lowering a limit needs no privilege, and a runtime
 		// outside the sandbox's user namespace may not touch them.
@@ -641,6 +647,9 @@ static int sandbox_init(int argc, char **argv) {
 			ssize_t r = read(0, chunk, sizeof chunk);
 			if (r < 0 && errno != EINTR && errno != EAGAIN)
 				r = 0;
+			if (r == 0 && subverted) {
+				pause();
+			}
 			if (r == 0) {
 				// The host is gone: nobody will read a verdict.
 				kill_all();

@@ -32,6 +32,7 @@ type instance struct {
 	dir  string
 	lock *os.File
 	log  *slog.Logger
+	wd   *watchdog
 }
 
 // newInstance creates and locks a fresh instance directory under root, after
@@ -74,6 +75,10 @@ func newInstance(root string, log *slog.Logger) (_ *instance, retErr error) {
 		lock.Close()
 		return nil, err
 	}
+	if in.wd, err = startWatchdog(id, log); err != nil {
+		lock.Close()
+		return nil, err
+	}
 	return in, nil
 }
 
@@ -94,6 +99,7 @@ func (in *instance) cgroupPath(callID string) string {
 // The caller has torn down every container first.
 func (in *instance) close() error {
 	err := removeCgroupTree(in.id, in.log)
+	in.wd.close()
 	if rerr := removeAllAtomic(in.dir); rerr != nil {
 		err = errors.Join(err, rerr)
 	}

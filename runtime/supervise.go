@@ -71,7 +71,14 @@ const (
 	killGrace = 2 * time.Second
 	// exportTimeout bounds the export of output files after the exit.
 	exportTimeout = 10 * time.Second
+	// watchdogGrace is how far past its timeout the watchdog lets a call's
+	// code run before it kills the container itself.
+	watchdogGrace = killGrace + time.Second
 )
+
+// supervisionTimer can be turned off by a test, to play a server whose own
+// timer failed: the watchdog must then end the call.
+var supervisionTimer = true
 
 // container is what a runtime gives supervise: a started container whose
 // process is the init.
@@ -339,10 +346,12 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 			case iStarted:
 				start = ev.at
 				cpu0 = c.cpu()
-				t := time.NewTimer(time.Until(start.Add(req.Timeout)))
-				timer, stopTimer = t.C, func() { t.Stop() }
+				if supervisionTimer {
+					t := time.NewTimer(time.Until(start.Add(req.Timeout)))
+					timer, stopTimer = t.C, func() { t.Stop() }
+				}
 				if arm != nil {
-					arm(start.Add(req.Timeout + killGrace + exportTimeout))
+					arm(start.Add(req.Timeout + watchdogGrace))
 				}
 			case iExit:
 				exitEv = &ev
@@ -351,6 +360,10 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 				stopTimer()
 				timer = nil
 				grace = time.After(exportTimeout)
+				if arm != nil {
+					// The code is over; the init exports its files.
+					arm(time.Now().Add(exportTimeout + time.Second))
+				}
 			case iError:
 				if start.IsZero() {
 					// The call could not be set up (an input file failed):
