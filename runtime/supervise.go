@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -224,17 +225,25 @@ func decodeFile(p []byte, sized bool) (File, error) {
 }
 
 func frame(typ byte, payload ...[]byte) []byte {
+	var b bytes.Buffer
+	writeFrame(&b, typ, payload...)
+	return b.Bytes()
+}
+
+// writeFrame writes a frame's header and its payload's parts in turn,
+// without copying them into one buffer: a call's files are megabytes.
+func writeFrame(w io.Writer, typ byte, payload ...[]byte) {
 	n := 0
 	for _, p := range payload {
 		n += len(p)
 	}
-	b := make([]byte, 5, 5+n)
-	b[0] = typ
-	binary.BigEndian.PutUint32(b[1:], uint32(n))
+	var head [5]byte
+	head[0] = typ
+	binary.BigEndian.PutUint32(head[1:], uint32(n))
+	w.Write(head[:])
 	for _, p := range payload {
-		b = append(b, p...)
+		w.Write(p)
 	}
-	return b
 }
 
 // send writes the call to the init: files, stdin, then the code. It runs
@@ -246,15 +255,15 @@ func (s *session) send(req Request) {
 		for _, f := range req.Files {
 			var pn [2]byte
 			binary.BigEndian.PutUint16(pn[:], uint16(len(f.Path)))
-			w.Write(frame(hFile, pn[:], []byte(f.Path), f.Data))
+			writeFrame(w, hFile, pn[:], []byte(f.Path), f.Data)
 		}
 		for p := req.Stdin; len(p) > 0; {
 			n := min(len(p), 64<<10)
-			w.Write(frame(hStdin, p[:n]))
+			writeFrame(w, hStdin, p[:n])
 			p = p[n:]
 		}
-		w.Write(frame(hStdinEnd))
-		w.Write(frame(hCode, req.Code))
+		writeFrame(w, hStdinEnd)
+		writeFrame(w, hCode, req.Code)
 		w.Flush()
 	}()
 }

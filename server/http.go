@@ -65,6 +65,9 @@ func (s *Server) ServeHTTP(ctx context.Context, ln net.Listener) error {
 				SessionTimeout:      s.opts.SessionIdle,
 				Stateless:           s.opts.Stateless,
 			}))
+		if !s.opts.Stateless {
+			handler = &sessionLimit{max: s.opts.MaxSessions, idle: s.opts.SessionIdle, next: handler, last: map[string]time.Time{}, log: s.log}
+		}
 	case SSE:
 		path = "/sse"
 		// A legacy session lives exactly as long as its GET stream, so each
@@ -122,6 +125,122 @@ func (s *Server) ServeHTTP(ctx context.Context, ln net.Listener) error {
 	}
 	return nil
 }
+
+// sessionLimit keeps at most max streamable HTTP sessions open. A new one
+// past it closes the session used least recently, as a DELETE from its
+// client would: a client opening sessions in a loop can no longer grow the
+// server, while one that uses its session keeps it.
+type sessionLimit struct {
+	max  int
+	idle time.Duration
+	next http.Handler
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	last map[string]time.Time // session → last request
+}
+
+func (l *sessionLimit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("Mcp-Session-Id")
+	if id == "" {
+		// It may open a session: the SDK names it in the response.
+		l.next.ServeHTTP(&sessionRecorder{ResponseWriter: w, l: l, r: r}, r)
+		return
+	}
+	l.touch(id)
+	defer l.touch(id) // a long call keeps its session recent
+	l.next.ServeHTTP(w, r)
+	if r.Method == http.MethodDelete {
+		l.mu.Lock()
+		delete(l.last, id)
+		l.mu.Unlock()
+	}
+}
+
+func (l *sessionLimit) touch(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, known := l.last[id]; known {
+		l.last[id] = time.Now()
+	}
+}
+
+// opened records a new session and closes the least recently used ones
+// past the limit.
+func (l *sessionLimit) opened(id string, via *http.Request) {
+	now := time.Now()
+	l.mu.Lock()
+	for s, t := range l.last {
+		if now.Sub(t) > l.idle {
+			delete(l.last, s) // the SDK closed it already
+		}
+	}
+	l.last[id] = now
+	var victims []string
+	for len(l.last) > l.max {
+		oldest, at := "", now
+		for s, t := range l.last {
+			if t.Before(at) || oldest == "" {
+				oldest, at = s, t
+			}
+		}
+		delete(l.last, oldest)
+		victims = append(victims, oldest)
+	}
+	l.mu.Unlock()
+	for _, v := range victims {
+		l.log.Info("closing the least recently used session", "session", v, "max_sessions", l.max)
+		req, err := http.NewRequestWithContext(context.WithoutCancel(via.Context()), http.MethodDelete, via.URL.String(), nil)
+		if err != nil {
+			continue
+		}
+		req.Header.Set("Mcp-Session-Id", v)
+		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+		req.Host, req.RemoteAddr = via.Host, via.RemoteAddr
+		// Not on the new session's response: a DELETE waits for the old
+		// session's calls to end.
+		go l.next.ServeHTTP(discardResponse{}, req)
+	}
+}
+
+// sessionRecorder sees the session id the SDK gives a new session.
+type sessionRecorder struct {
+	http.ResponseWriter
+	l       *sessionLimit
+	r       *http.Request
+	written bool
+}
+
+func (s *sessionRecorder) WriteHeader(code int) {
+	if !s.written {
+		s.written = true
+		if id := s.Header().Get("Mcp-Session-Id"); id != "" && code < 300 {
+			s.l.opened(id, s.r)
+		}
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *sessionRecorder) Write(p []byte) (int, error) {
+	if !s.written {
+		s.WriteHeader(http.StatusOK)
+	}
+	return s.ResponseWriter.Write(p)
+}
+
+// Flush keeps streaming responses streaming.
+func (s *sessionRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// discardResponse is the response writer of the server's own DELETEs.
+type discardResponse struct{}
+
+func (discardResponse) Header() http.Header         { return http.Header{} }
+func (discardResponse) Write(p []byte) (int, error) { return len(p), nil }
+func (discardResponse) WriteHeader(int)             {}
 
 // limitBodies refuses a body declared over limit at once, and holds a
 // request whose body would take the server's bodies over budget until

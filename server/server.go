@@ -92,8 +92,11 @@ type Options struct {
 	// transports.
 	Transport Transport
 	AuthToken string
-	// SessionIdle closes a streamable HTTP session idle this long.
+	// SessionIdle closes a streamable HTTP session idle this long, and
+	// MaxSessions bounds how many are open: a new one past it closes the
+	// least recently used.
 	SessionIdle time.Duration
+	MaxSessions int
 	// Stateless serves streamable HTTP without sessions.
 	Stateless bool
 
@@ -168,12 +171,23 @@ func (o Options) Validate() error {
 		if o.SessionIdle <= 0 {
 			errs = append(errs, fmt.Errorf("MCP_EXEC_SESSION_IDLE_S must be > 0, got %v", o.SessionIdle))
 		}
+		if o.MaxSessions < 1 {
+			errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_SESSIONS must be ≥ 1, got %d", o.MaxSessions))
+		}
 	}
 	if err := o.Limits.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
+
+// MemoryTarget is the soft memory limit the server's process should set
+// for the Go runtime (debug.SetMemoryLimit) when the operator set none
+// (GOMEMLIMIT): with it the collector works harder as the heap nears it,
+// so that the bounded input the server holds (MaxConcurrency running and
+// MaxQueued waiting calls, one body budget of requests being read, up to
+// MaxSessions sessions) keeps the process well under 300 MB.
+const MemoryTarget = 192 << 20
 
 // minTokenLen keeps a guessable token from passing for protection.
 const minTokenLen = 16

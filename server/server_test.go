@@ -57,6 +57,7 @@ func (f *fakeEngine) Run(ctx context.Context, req runtime.Request) (runtime.Resu
 	case "print":
 		res.Stdout = []byte(arg)
 	case "sleep":
+		arg, _, _ = strings.Cut(arg, "#") // the rest is padding
 		d, err := time.ParseDuration(arg)
 		if err != nil {
 			return res, err
@@ -103,6 +104,7 @@ func testOptions() Options {
 		Progress:       5 * time.Second,
 		Transport:      Stdio,
 		SessionIdle:    10 * time.Minute,
+		MaxSessions:    1000,
 		Version:        "test",
 	}
 }

@@ -46,6 +46,7 @@ type config struct {
 	Progress       time.Duration
 	AuditLog       string
 	SessionIdle    time.Duration
+	MaxSessions    int
 	HTTPStateless  bool
 	StateDir       string
 	RunscPath      string
@@ -69,6 +70,7 @@ func defaultConfig() config {
 		MaxQueued:      4 * 2 * goruntime.NumCPU(),
 		Progress:       5 * time.Second,
 		SessionIdle:    600 * time.Second,
+		MaxSessions:    1000,
 		StateDir:       runtime.DefaultStateDir,
 	}
 }
@@ -115,6 +117,7 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_PROGRESS_S", "progress", "interval of progress notifications in seconds", seconds(&c.Progress)},
 			setting{"MCP_EXEC_AUDIT_LOG", "audit-log", "path of the audit log (JSON lines), or - for stderr", str(&c.AuditLog)},
 			setting{"MCP_EXEC_SESSION_IDLE_S", "session-idle", "an HTTP session idle this long is closed", seconds(&c.SessionIdle)},
+			setting{"MCP_EXEC_MAX_SESSIONS", "max-sessions", "HTTP sessions open at most; a new one closes the least recently used", integer(&c.MaxSessions, 1)},
 			setting{"MCP_EXEC_HTTP_STATELESS", "http-stateless", "streamable HTTP without sessions (any replica answers any request)", boolean(&c.HTTPStateless)},
 		)
 	}
@@ -213,6 +216,7 @@ func (c *config) serverOptions() server.Options {
 		Transport:      c.Transport,
 		AuthToken:      c.AuthToken,
 		SessionIdle:    c.SessionIdle,
+		MaxSessions:    c.MaxSessions,
 		Stateless:      c.HTTPStateless,
 		Version:        version,
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 
 	"github.com/inhuman/mcp-exec/server"
 )
@@ -78,6 +79,9 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}()
 	log.Info("sandbox ready", "runtime", eng.Info().Runtime, "python", eng.pythonVersion, "max_concurrency", cfg.MaxConcurrency)
 
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
+		debug.SetMemoryLimit(server.MemoryTarget)
+	}
 	opts := cfg.serverOptions()
 	opts.Audit, opts.Logger, opts.SDKLogger = audit, log, sdkLog
 	srv, err := server.New(eng, opts)
