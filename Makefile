@@ -11,7 +11,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 BIN       := bin/mcp-exec
 
-.PHONY: build test unit integration e2e run bench vet clean
+.PHONY: build test unit integration e2e run bench vet clean deploy-check
 
 build: $(BIN)
 
@@ -41,6 +41,13 @@ run: build
 
 bench: build
 	$(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 30x -count 1 ./runtime/ ./cmd/mcp-exec/
+
+# deploy-check: the recipes under deploy/ (Kubernetes manifests, server.json,
+# the icon, the systemd unit) checked offline by their own module, which the
+# server's module never imports; as root with systemd-nspawn it also boots
+# the unit with bin/mcp-exec. Its first run fetches k8s.io/api from the proxy.
+deploy-check: build
+	cd deploy/validate && $(GO) test -count=1 ./...
 
 clean:
 	rm -rf bin

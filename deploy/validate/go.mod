@@ -3,6 +3,7 @@ module github.com/inhuman/mcp-exec/deploy/validate
 go 1.26.8
 
 require (
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	k8s.io/pod-security-admission v0.37.2
