@@ -15,7 +15,7 @@ STATIC    := -extldflags=-static
 LDFLAGS   := -s -w -X main.version=$(VERSION) $(STATIC)
 BIN       := bin/mcp-exec
 
-.PHONY: build test unit integration e2e run bench vet clean
+.PHONY: build test unit integration e2e run bench vet clean deploy-check
 
 build: $(BIN)
 
@@ -47,6 +47,13 @@ run: build
 
 bench: build
 	$(GO) test -tags '$(TAGS)' -ldflags '$(STATIC)' -run '^$$' -bench . -benchtime 30x -count 1 ./runtime/ ./cmd/mcp-exec/
+
+# deploy-check: the recipes under deploy/ (Kubernetes manifests, server.json,
+# the icon, the systemd unit) checked offline by their own module, which the
+# server's module never imports; as root with systemd-nspawn it also boots
+# the unit with bin/mcp-exec. Its first run fetches k8s.io/api from the proxy.
+deploy-check: build
+	cd deploy/validate && $(GO) test -count=1 ./...
 
 clean:
 	rm -rf bin
