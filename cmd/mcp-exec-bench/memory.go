@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -30,8 +31,8 @@ type Memory struct {
 // server costs besides the sandboxes themselves.
 func (m Memory) TotalServerKB() int64 { return m.ServerKB + m.HelpersKB }
 
-// readMemory walks /proc once.
-func readMemory(root int) (Memory, error) {
+// readMemory walks /proc once, leaving out the trees under skip.
+func readMemory(root int, skip ...int) (Memory, error) {
 	rootRSS, err := vmRSS(root)
 	if err != nil {
 		return Memory{}, fmt.Errorf("reading the memory of pid %d: %w", root, err)
@@ -56,6 +57,9 @@ func readMemory(root int) (Memory, error) {
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
+		if slices.Contains(skip, p.pid) {
+			continue
+		}
 		// A process that exits while it is read holds no memory any
 		// more; its children, if still there, are walked all the same.
 		rss, err := vmRSS(p.pid)
@@ -157,14 +161,14 @@ type sampler struct {
 // returns the peaks: the server's and its helpers' from the sample where
 // their sum was highest, the containers' from the sample where theirs was
 // (the two need not be simultaneous).
-func sampleMemory(root int, every time.Duration) *sampler {
+func sampleMemory(root int, every time.Duration, skip ...int) *sampler {
 	s := &sampler{stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
-			s.sample(root)
+			s.sample(root, skip)
 			select {
 			case <-s.stop:
 				return
@@ -175,8 +179,8 @@ func sampleMemory(root int, every time.Duration) *sampler {
 	return s
 }
 
-func (s *sampler) sample(root int) {
-	m, err := readMemory(root)
+func (s *sampler) sample(root int, skip []int) {
+	m, err := readMemory(root, skip...)
 	if err != nil {
 		return // the root is gone; the peak so far stands
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -23,7 +24,7 @@ func writeTable(w io.Writer, r *Report) {
 	head.add("load", fmt.Sprintf("%s at start, %s at end (1, 5, 15 min)", h.LoadStart, h.LoadEnd))
 	head.add("go", h.GoVersion)
 	head.add("server", fmt.Sprintf("%s (%s) over stdio, driven by the go-sdk client", r.Server.Path, r.Server.Version))
-	head.add("baseline", fmt.Sprintf("%s (%s), Python %s: a fresh `python3 -c CODE` per call, spawned by this program", r.Baseline.Python, r.Baseline.Resolved, r.Baseline.PythonVersion))
+	head.add("baseline", fmt.Sprintf("%s (%s), Python %s: a fresh `python3 -c CODE` per call, spawned by this program, measured right before each figure it is compared with", r.Baseline.Python, r.Baseline.Resolved, r.Baseline.PythonVersion))
 	tput := fmt.Sprintf("%s per level", o.Duration)
 	if o.CallsPerWorker > 0 {
 		tput = fmt.Sprintf("%d calls per worker", o.CallsPerWorker)
@@ -31,7 +32,6 @@ func writeTable(w io.Writer, r *Report) {
 	head.add("method", fmt.Sprintf("latency: %d calls one at a time after %d warm-up, linearly interpolated percentiles; throughput: %s, every call checked", o.N, o.Warmup, tput))
 	head.add("ratios", "sandbox/baseline: for latency lower is better, for throughput higher is better")
 	head.write(w, "", false)
-	writeBaselineErrors(w, &r.Baseline)
 
 	for _, rt := range r.Runtimes {
 		fmt.Fprintf(w, "\n== %s — %s\n", rt.Runtime, rt.Platform)
@@ -41,16 +41,17 @@ func writeTable(w io.Writer, r *Report) {
 		}
 		fmt.Fprintf(w, "  server %s, up in %.2f s; Python %s in the sandbox\n", rt.ServerVersion, rt.StartS, rt.PythonVersion)
 		fmt.Fprintf(w, "  env %s\n\n", strings.Join(rt.Env, " "))
-		writeLatency(w, rt, &r.Baseline)
+		writeLatency(w, rt)
 		fmt.Fprintln(w)
-		writeThroughput(w, rt, &r.Baseline)
+		writeThroughput(w, rt)
 		fmt.Fprintln(w)
-		writeMemory(w, rt, &r.Baseline)
+		writeMemory(w, rt)
 		writeErrors(w, rt)
 	}
 }
 
-func writeLatency(w io.Writer, rt RuntimeReport, b *Baseline) {
+func writeLatency(w io.Writer, rt RuntimeReport) {
+	b := &rt.Bare
 	t := &table{}
 	t.add("latency, ms", "p50", "p95", "mean", "min", "bare p50", "bare p95", "×p50", "×p95", "errors", "duration_ms", "runtime")
 	row := func(name string, l *Latency, base *Latency) {
@@ -81,7 +82,7 @@ func writeLatency(w io.Writer, rt RuntimeReport, b *Baseline) {
 		t.add(append(cells, seen(l.RuntimeSeen))...)
 	}
 	for i := range rt.Latency {
-		row(rt.Latency[i].Snippet, &rt.Latency[i], &b.Latency[i])
+		row(rt.Latency[i].Snippet, &rt.Latency[i], at(b.Latency, i))
 	}
 	if rt.Packages != nil {
 		row(rt.Packages.Snippet, rt.Packages, b.Packages)
@@ -96,11 +97,11 @@ func writeLatency(w io.Writer, rt RuntimeReport, b *Baseline) {
 	}
 }
 
-func writeThroughput(w io.Writer, rt RuntimeReport, b *Baseline) {
+func writeThroughput(w io.Writer, rt RuntimeReport) {
 	t := &table{}
 	t.add("throughput, calls/s", "sandbox", "bare", "×", "p50 ms", "bare p50 ms", "calls", "errors")
 	for i, tp := range rt.Throughput {
-		bt := b.Throughput[i]
+		bt := rt.Bare.Throughput[i]
 		t.add(fmt.Sprintf("concurrency %d", tp.Concurrency),
 			fmt.Sprintf("%.2f", tp.CallsPerS), fmt.Sprintf("%.2f", bt.CallsPerS), fmtRatio(tp.Ratio),
 			optMS(tp.P50MS), optMS(bt.P50MS),
@@ -110,7 +111,7 @@ func writeThroughput(w io.Writer, rt RuntimeReport, b *Baseline) {
 	fmt.Fprintln(w, "  (p50: the latency each call saw under that load; calls and errors: sandbox/bare)")
 }
 
-func writeMemory(w io.Writer, rt RuntimeReport, b *Baseline) {
+func writeMemory(w io.Writer, rt RuntimeReport) {
 	t := &table{}
 	head := []string{"memory, MiB (VmRSS)", "idle"}
 	for _, tp := range rt.Throughput {
@@ -130,7 +131,7 @@ func writeMemory(w io.Writer, rt RuntimeReport, b *Baseline) {
 		m := tp.PeakMemory
 		server = append(server, fmtMB(m.TotalServerKB()))
 		containers = append(containers, fmt.Sprintf("%s (%d)", fmtMB(m.ContainersKB), m.ContainerProcs))
-		if bm := b.Throughput[i].PeakMemory; bm != nil {
+		if bm := rt.Bare.Throughput[i].PeakMemory; bm != nil {
 			bare = append(bare, fmtMB(bm.HelpersKB))
 		} else {
 			bare = append(bare, "n/a")
@@ -150,14 +151,20 @@ func writeErrors(w io.Writer, rt RuntimeReport) {
 			lines = append(lines, fmt.Sprintf("  %s (%d in all): %s", what, n, s))
 		}
 	}
-	for _, l := range rt.Latency {
-		add(l.Snippet, l.Errors, l.ErrorSamples)
-	}
-	if p := rt.Packages; p != nil {
-		add(p.Snippet, p.Errors, p.ErrorSamples)
-	}
-	for _, tp := range rt.Throughput {
-		add(fmt.Sprintf("throughput at concurrency %d", tp.Concurrency), tp.Errors, tp.ErrorSamples)
+	for _, side := range []struct {
+		name       string
+		latency    []Latency
+		throughput []Throughput
+	}{
+		{"", slices.Concat(rt.Latency, deref(rt.Packages)), rt.Throughput},
+		{"bare ", slices.Concat(rt.Bare.Latency, deref(rt.Bare.Packages)), rt.Bare.Throughput},
+	} {
+		for _, l := range side.latency {
+			add(side.name+l.Snippet, l.Errors, l.ErrorSamples)
+		}
+		for _, tp := range side.throughput {
+			add(fmt.Sprintf("%sthroughput at concurrency %d", side.name, tp.Concurrency), tp.Errors, tp.ErrorSamples)
+		}
 	}
 	if rt.StopError != "" {
 		lines = append(lines, "  stopping the server: "+indent(rt.StopError, "    "))
@@ -168,17 +175,11 @@ func writeErrors(w io.Writer, rt RuntimeReport) {
 	}
 }
 
-func writeBaselineErrors(w io.Writer, b *Baseline) {
-	for _, l := range append(append([]Latency(nil), b.Latency...), deref(b.Packages)...) {
-		for _, s := range l.ErrorSamples {
-			fmt.Fprintf(w, "baseline error, %s (%d in all): %s\n", l.Snippet, l.Errors, s)
-		}
+func at(ls []Latency, i int) *Latency {
+	if i >= len(ls) {
+		return nil
 	}
-	for _, tp := range b.Throughput {
-		for _, s := range tp.ErrorSamples {
-			fmt.Fprintf(w, "baseline error, throughput at %d parallel (%d in all): %s\n", tp.Concurrency, tp.Errors, s)
-		}
-	}
+	return &ls[i]
 }
 
 func deref(l *Latency) []Latency {

@@ -209,18 +209,29 @@ func TestTable(t *testing.T) {
 }
 
 // The memory walk needs no root: a child of ours is a helper (it shares
-// our namespaces), not a container.
+// our namespaces), not a container, and a skipped one is left out.
 func TestReadMemory(t *testing.T) {
-	cmd := exec.Command("sleep", "30")
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting sleep: %v", err)
+	var pids []int
+	for range 2 {
+		cmd := exec.Command("sleep", "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("starting sleep: %v", err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		pids = append(pids, cmd.Process.Pid)
 	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	m, err := readMemory(os.Getpid())
+	all, err := readMemory(os.Getpid())
 	if err != nil {
 		t.Fatalf("readMemory(self): %v", err)
 	}
-	if m.ServerKB <= 0 || m.HelpersKB <= 0 || m.ContainersKB != 0 || m.ContainerProcs != 0 {
-		t.Errorf("readMemory(self with a sleeping child) = %+v, want server and helpers > 0, no containers", m)
+	if all.ServerKB <= 0 || all.HelpersKB <= 0 || all.ContainersKB != 0 || all.ContainerProcs != 0 {
+		t.Errorf("readMemory(self with two sleeping children) = %+v, want server and helpers > 0, no containers", all)
+	}
+	one, err := readMemory(os.Getpid(), pids[0])
+	if err != nil {
+		t.Fatalf("readMemory(self, skipping one): %v", err)
+	}
+	if one.HelpersKB <= 0 || one.HelpersKB >= all.HelpersKB {
+		t.Errorf("readMemory(self, skipping one of two children): helpers = %d KiB, want > 0 and < %d (both)", one.HelpersKB, all.HelpersKB)
 	}
 }
