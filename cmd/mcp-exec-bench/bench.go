@@ -76,6 +76,9 @@ var snippets = []snippet{printOne, stdlibImports}
 // (refilling a pool) is not charged to the baseline.
 func bench(ctx context.Context, o options, log io.Writer) (*Report, error) {
 	rep := &Report{Started: time.Now(), Host: describeHost(), Options: o, Server: ServerInfo{Path: o.Server}}
+	if _, err := os.Stat(o.Server); err != nil {
+		return nil, fmt.Errorf("finding the server (make build, or --server PATH): %w", err)
+	}
 	v, err := serverVersion(ctx, o.Server)
 	if err != nil {
 		return nil, err
