@@ -15,7 +15,7 @@ STATIC    := -extldflags=-static
 LDFLAGS   := -s -w -X main.version=$(VERSION) $(STATIC)
 BIN       := bin/mcp-exec
 
-.PHONY: build test unit integration e2e run bench vet clean deploy-check
+.PHONY: build test unit integration e2e run bench bench-go vet clean deploy-check
 
 build: $(BIN)
 
@@ -45,7 +45,17 @@ unit:
 run: build
 	$(BIN) run -c 'import sys, platform; print("hello from", platform.python_version(), "in a sandbox")'
 
+# bench: the built server over stdio, driven by the Go MCP client, against
+# bare /usr/bin/python3 -c measured the same way in the same run
+# (cmd/mcp-exec-bench). More with BENCH_FLAGS, e.g.
+# BENCH_FLAGS='--packages numpy,pandas --env MCP_EXEC_POOL_SIZE=0'.
+# A benchmark, not a test: nothing asserts a timing.
+BENCH_FLAGS ?=
 bench: build
+	$(GO) run ./cmd/mcp-exec-bench --server $(BIN) --json bench.json $(BENCH_FLAGS)
+
+# bench-go: the Go benchmarks of the runtime and of the server.
+bench-go: build
 	$(GO) test -tags '$(TAGS)' -ldflags '$(STATIC)' -run '^$$' -bench . -benchtime 30x -count 1 ./runtime/ ./cmd/mcp-exec/
 
 # deploy-check: the recipes under deploy/ (Kubernetes manifests, server.json,

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// Report is everything one run measured; --json writes it as is.
+type Report struct {
+	Started  time.Time       `json:"started"`
+	Finished time.Time       `json:"finished"`
+	Host     Host            `json:"host"`
+	Options  options         `json:"options"`
+	Server   ServerInfo      `json:"server"`
+	Baseline Baseline        `json:"baseline"`
+	Runtimes []RuntimeReport `json:"runtimes"`
+}
+
+type ServerInfo struct {
+	Path    string `json:"path"`
+	Version string `json:"version"`
+}
+
+// Baseline is the interpreter bare Python runs on.
+type Baseline struct {
+	Python        string `json:"python"`
+	Resolved      string `json:"resolved"`
+	PythonVersion string `json:"python_version"`
+}
+
+// RuntimeReport is one runtime's server, measured against the baseline.
+type RuntimeReport struct {
+	Runtime       string       `json:"runtime"`
+	Skipped       string       `json:"skipped,omitempty"`
+	Platform      string       `json:"platform"`
+	Env           []string     `json:"env"`
+	ServerVersion string       `json:"server_version,omitempty"`
+	StartS        float64      `json:"start_s,omitempty"`
+	PythonVersion string       `json:"python_version,omitempty"`
+	Latency       []Latency    `json:"latency,omitempty"`
+	IdleMemory    *Memory      `json:"idle_memory,omitempty"`
+	Throughput    []Throughput `json:"throughput,omitempty"`
+	Packages      *Latency     `json:"packages,omitempty"`
+	StopError     string       `json:"stop_error,omitempty"`
+	// The baseline's figures, each measured right before the sandbox's
+	// that it is compared with.
+	Bare Bare `json:"baseline"`
+}
+
+// Bare is bare Python measured the way the sandbox is: a fresh process per
+// call, spawned by this program.
+type Bare struct {
+	Latency    []Latency    `json:"latency,omitempty"`
+	Throughput []Throughput `json:"throughput,omitempty"`
+	Packages   *Latency     `json:"packages,omitempty"`
+}
+
+// sampleEvery is how often memory is read under load.
+const sampleEvery = 50 * time.Millisecond
+
+// snippets are what the latency tables time, in order, on both sides.
+var snippets = []snippet{printOne, stdlibImports}
+
+// bench measures each runtime against the baseline. It fails only when
+// nothing can be measured: no server binary, no baseline interpreter.
+//
+// The baseline is measured per runtime, each figure right before the
+// sandbox's it is compared with, not once for the run: on a shared machine
+// the load drifts over the minutes a run takes, and a ratio of figures
+// taken minutes apart would measure the drift. It is measured before, not
+// interleaved call by call, so that whatever the server does after a call
+// (refilling a pool) is not charged to the baseline.
+func bench(ctx context.Context, o options, log io.Writer) (*Report, error) {
+	rep := &Report{Started: time.Now(), Host: describeHost(), Options: o, Server: ServerInfo{Path: o.Server}}
+	if _, err := os.Stat(o.Server); err != nil {
+		return nil, fmt.Errorf("finding the server (make build, or --server PATH): %w", err)
+	}
+	v, err := serverVersion(ctx, o.Server)
+	if err != nil {
+		return nil, err
+	}
+	rep.Server.Version = v
+	resolved, err := baselinePython(o.Python)
+	if err != nil {
+		return nil, err
+	}
+	pv, err := pythonVersion(ctx, resolved)
+	if err != nil {
+		return nil, err
+	}
+	rep.Baseline = Baseline{Python: o.Python, Resolved: resolved, PythonVersion: pv}
+	for _, kind := range o.Runtimes {
+		if ctx.Err() != nil {
+			break
+		}
+		rep.Runtimes = append(rep.Runtimes, measureRuntime(ctx, o, kind, resolved, log))
+	}
+	rep.Host.LoadEnd = loadAverage()
+	rep.Finished = time.Now()
+	return rep, nil
+}
+
+func progress(log io.Writer, format string, args ...any) {
+	fmt.Fprintf(log, "mcp-exec-bench: "+format+"\n", args...)
+}
+
+// pause waits d unless ctx is done first, and reports whether it waited.
+func pause(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+func measureRuntime(ctx context.Context, o options, kind, python string, log io.Writer) (r RuntimeReport) {
+	env, shown := serverEnv(os.Environ(), o, "MCP_EXEC_RUNTIME="+kind)
+	r = RuntimeReport{Runtime: kind, Env: shown, Platform: describeRuntime(ctx, o.Server, env, kind)}
+	progress(log, "%s: starting the server", kind)
+	srv, err := startServer(ctx, o.Server, env)
+	if err != nil {
+		r.Skipped = err.Error()
+		progress(log, "%s: skipped: %v", kind, err)
+		return r
+	}
+	defer func() {
+		if err := srv.close(); err != nil {
+			r.StopError = err.Error()
+		}
+	}()
+	r.ServerVersion, r.StartS = srv.version, srv.started.Seconds()
+	r.PythonVersion = srv.pythonVersion(ctx)
+	// Whatever the server does once started (filling a pool) is done
+	// before the baseline is measured.
+	if !pause(ctx, o.Settle) {
+		return r
+	}
+
+	for _, sn := range snippets {
+		progress(log, "%s: latency of %s, bare then sandbox", kind, sn.Code)
+		b := measureLatency(ctx, sn.Code, o.N, o.Warmup, pythonCaller(python, sn))
+		l := measureLatency(ctx, sn.Code, o.N, o.Warmup, srv.caller(sn))
+		if l.Summary != nil && b.Summary != nil {
+			l.RatioP50 = ratio(l.P50MS, b.P50MS)
+			l.RatioP95 = ratio(l.P95MS, b.P95MS)
+		}
+		r.Bare.Latency = append(r.Bare.Latency, b)
+		r.Latency = append(r.Latency, l)
+	}
+
+	// Idle: warmed up, and given time for whatever the server does
+	// between calls to finish.
+	if !pause(ctx, o.Settle) {
+		return r
+	}
+	if m, err := readMemory(srv.pid()); err == nil {
+		r.IdleMemory = &m
+	}
+
+	for _, c := range o.Concurrency {
+		progress(log, "%s: throughput at concurrency %d, bare then sandbox", kind, c)
+		// Sampled like the server, so that both sides pay for the
+		// sampling; what it sees is the interpreters' memory.
+		// The server is a child of ours too, and none of the baseline's.
+		s := sampleMemory(os.Getpid(), sampleEvery, srv.pid())
+		b := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, pythonCaller(python, printOne))
+		b.PeakMemory = &Memory{HelpersKB: s.Stop().HelpersKB}
+		r.Bare.Throughput = append(r.Bare.Throughput, b)
+
+		s = sampleMemory(srv.pid(), sampleEvery)
+		tp := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, srv.caller(printOne))
+		peak := s.Stop()
+		tp.PeakMemory = &peak
+		tp.Ratio = ratio(tp.CallsPerS, b.CallsPerS)
+		r.Throughput = append(r.Throughput, tp)
+		// The server's aftermath (refills) is not the next baseline's.
+		if !pause(ctx, o.Settle) {
+			return r
+		}
+	}
+
+	if len(o.Packages) > 0 && ctx.Err() == nil {
+		r.Bare.Packages, r.Packages = measurePackages(ctx, o, kind, python, log)
+	}
+	return r
+}
+
+// measurePackages measures importing the packages, bare then in a server
+// of its own started with MCP_EXEC_PACKAGES, so that the other figures stay
+// comparable between runs with and without --packages.
+func measurePackages(ctx context.Context, o options, kind, python string, log io.Writer) (bare, sandbox *Latency) {
+	sn := importSnippet(o.Packages)
+	progress(log, "%s: latency of %s, bare", kind, sn.Code)
+	bare = &Latency{Snippet: sn.Code}
+	call := pythonCaller(python, sn)
+	if _, err := call(ctx); err != nil {
+		bare.Skipped = fmt.Sprintf("the host's %s cannot import them: %v", python, err)
+	} else {
+		*bare = measureLatency(ctx, sn.Code, o.N, max(o.Warmup-1, 0), call)
+	}
+
+	pkgs := "MCP_EXEC_PACKAGES=" + strings.Join(o.Packages, ",")
+	env, _ := serverEnv(os.Environ(), o, "MCP_EXEC_RUNTIME="+kind, pkgs)
+	progress(log, "%s: starting a server with %s", kind, pkgs)
+	srv, err := startServer(ctx, o.Server, env)
+	if err != nil {
+		progress(log, "%s: packages skipped: %v", kind, err)
+		return bare, &Latency{Snippet: sn.Code, Skipped: fmt.Sprintf("the server refused %s: %v", pkgs, err)}
+	}
+	defer srv.close()
+	call = srv.caller(sn)
+	// The first call doubles as a probe: a server that ignores the variable
+	// starts fine and fails the import.
+	if _, err := call(ctx); err != nil {
+		progress(log, "%s: packages skipped: %v", kind, err)
+		return bare, &Latency{Snippet: sn.Code, Skipped: fmt.Sprintf("the server took %s but the import failed: %v", pkgs, err)}
+	}
+	progress(log, "%s: latency of %s, sandbox", kind, sn.Code)
+	l := measureLatency(ctx, sn.Code, o.N, max(o.Warmup-1, 0), call)
+	if l.Summary != nil && bare.Summary != nil {
+		l.RatioP50 = ratio(l.P50MS, bare.P50MS)
+		l.RatioP95 = ratio(l.P95MS, bare.P95MS)
+	}
+	return bare, &l
+}
