@@ -162,13 +162,70 @@ func TestPrivilegedHTTP(t *testing.T) {
 // no-new-privileges, a read-only root, uid 65532), so `auto` must choose
 // the process runtime and say so in the result.
 func TestSeedDropIn(t *testing.T) {
-	cs := startStdio(t, seed054)
+	// podman's --read-only also mounts writable tmpfs on /run and /var/tmp;
+	// docker's, which the 0.5.4 entry runs, does not: only the --tmpfs /tmp
+	// is writable there, and so here.
+	args := append(append([]string{}, seed054...), "--read-only-tmpfs=false")
+	cs := startStdio(t, args)
 	callAndCheck(t, cs, want{runtime: "process", lines: []string{
 		"uid 65532 gid 65532",
 		"ifaces lo", // --network none
 		"env -",
 		"stdin " + probeStdin,
 	}})
+}
+
+// TestImageConfig checks what the Dockerfile promises operators: not root
+// by default, stdio by default with the 0.5.4 package set and the auto
+// runtime, the prebuilt rootfs, port 8080, a HEALTHCHECK, OCI labels.
+func TestImageConfig(t *testing.T) {
+	out, err := exec.Command("podman", "image", "inspect", image(t)).Output()
+	if err != nil {
+		t.Fatalf("podman image inspect: %v", err)
+	}
+	var inspect []struct {
+		Config struct {
+			User         string
+			Entrypoint   []string
+			Cmd          []string
+			Env          []string
+			ExposedPorts map[string]struct{}
+			Labels       map[string]string
+		}
+		Healthcheck *struct{ Test []string }
+	}
+	if err := json.Unmarshal(out, &inspect); err != nil || len(inspect) != 1 {
+		t.Fatalf("decoding podman image inspect: %v (%d images)", err, len(inspect))
+	}
+	c := inspect[0].Config
+	env := map[string]bool{}
+	for _, e := range c.Env {
+		env[e] = true
+	}
+	_, port := c.ExposedPorts["8080/tcp"]
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"User", c.User, "65532:65532"},
+		{"Entrypoint", strings.Join(c.Entrypoint, " "), "mcp-exec"},
+		{"Cmd", strings.Join(c.Cmd, " "), "serve"},
+		{"ExposedPorts[8080/tcp]", port, true},
+		{"Healthcheck", inspect[0].Healthcheck != nil && len(inspect[0].Healthcheck.Test) > 0, true},
+		{"Labels[org.opencontainers.image.title]", c.Labels["org.opencontainers.image.title"], "mcp-exec"},
+		{"Labels[org.opencontainers.image.source]", c.Labels["org.opencontainers.image.source"], "https://github.com/inhuman/mcp-exec"},
+		{"Labels[org.opencontainers.image.version] set", c.Labels["org.opencontainers.image.version"] != "", true},
+		{"Env MCP_EXEC_TRANSPORT", env["MCP_EXEC_TRANSPORT=stdio"], true},
+		{"Env MCP_EXEC_RUNTIME", env["MCP_EXEC_RUNTIME=auto"], true},
+		{"Env MCP_EXEC_PACKAGES", env["MCP_EXEC_PACKAGES=numpy,pandas,matplotlib,pillow,pyyaml,jinja2"], true},
+		{"Env MCP_EXEC_SHELL", env["MCP_EXEC_SHELL=true"], true},
+		{"Env MCP_EXEC_ROOTFS", env["MCP_EXEC_ROOTFS=/opt/mcp-exec/rootfs"], true},
+		{"Env MCP_EXEC_ADDR", env["MCP_EXEC_ADDR=0.0.0.0:8080"], true},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("image config: %s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
 }
 
 // engineArgs returns the podman command line up to the image's arguments:

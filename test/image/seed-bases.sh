@@ -11,9 +11,10 @@
 #                         (gcc, libc6-dev, make, pkg-config, git);
 #                         built by golang-seed.Containerfile.
 #
-# Each seeded image carries the label org.mcp-exec.seed=KEY, a hash of what
-# it was made from. An image of that name without the label is a real one
-# (pulled on a machine with a registry) and is left alone.
+# Each seed is recorded in the cache dir with a hash of what it was made
+# from and is remade when that changes. An image of that name that this
+# script did not make is a real one (pulled on a machine with a registry)
+# and is left alone.
 #
 # Cache: the debootstrap tree is kept as a tarball under $MCP_EXEC_IMAGE_CACHE
 # (default /var/cache/mcp-exec-ci), keyed by the suite, mirror and what is
@@ -83,8 +84,14 @@ fq() {
 	fi
 }
 
-# stale is the id of the seeded image that seeded() found outdated; it is
-# removed once its replacement is tagged (unless something still uses it).
+# Which images this script made, and from what: $cache/seed.NAME holds
+# "KEY IMAGE-ID" (a record, not a label: a label would be inherited by
+# every image built on the seed).
+record() { echo "$cache/seed.$(tr '/:' '__' <<<"$1")"; }
+remember() { echo "$2 $(podman image inspect --format '{{.Id}}' "$1")" >"$(record "$1")"; }
+
+# stale is the id of a seed that seeded() found outdated; it is removed
+# once its replacement is tagged (unless something still uses it).
 stale=""
 drop_stale() {
 	[[ -n "$stale" ]] || return 0
@@ -93,21 +100,23 @@ drop_stale() {
 }
 
 # seeded NAME KEY → 0 when NAME is there and should not be (re)made: it is
-# our seed of this KEY, or a real image that is not ours to replace.
+# our seed of this KEY, or an image this script did not make (pulled on a
+# machine with a registry), which is not ours to replace.
 seeded() {
-	local name="$1" want="$2" got
+	local name="$1" want="$2" id rkey="" rid=""
 	podman image exists "$name" || return 1
-	got="$(podman image inspect --format '{{index .Config.Labels "org.mcp-exec.seed"}}' "$name")"
-	if [[ -z "$got" || "$got" == "<no value>" ]]; then
-		log "$name: a real (unseeded) image is present; using it"
+	id="$(podman image inspect --format '{{.Id}}' "$name")"
+	[[ -f "$(record "$name")" ]] && read -r rkey rid <"$(record "$name")"
+	if [[ "$id" != "$rid" ]]; then
+		log "$name: present and not seeded here (pulled?); using it"
 		return 0
 	fi
-	if [[ "$got" == "$want" ]]; then
+	if [[ "$rkey" == "$want" ]]; then
 		log "$name: seeded already (seed $want)"
 		return 0
 	fi
-	log "$name: seed $got is stale (want $want); re-seeding"
-	stale="$(podman image inspect --format '{{.Id}}' "$name")"
+	log "$name: seed $rkey is stale (want $want); re-seeding"
+	stale="$id"
 	return 1
 }
 
@@ -186,8 +195,8 @@ seed_debian() {
 	podman import \
 		--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
 		--change 'CMD ["bash"]' \
-		--change "LABEL org.mcp-exec.seed=$debian_key" \
 		--quiet "$debian_tar" "$name" >/dev/null
+	remember "$name" "$debian_key"
 	drop_stale
 }
 
@@ -215,8 +224,9 @@ seed_golang() {
 	# hosts whose OCI runtime refuses nested containers.
 	podman build --pull=never --isolation=chroot --quiet \
 		--build-arg "BASE=$debian_name" --build-arg "GOLANG_VERSION=${have#go}" \
-		--label "org.mcp-exec.seed=$k" "${mounts[@]}" \
+		"${mounts[@]}" \
 		-f "$containerfile" -t "$name" "$goroot" >/dev/null
+	remember "$name" "$k"
 	drop_stale
 }
 
