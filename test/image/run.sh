@@ -63,17 +63,31 @@ log "1/3 seeding the base images offline"
 version="$(git describe --tags --always --dirty 2>/dev/null || echo dev)"
 log "2/3 podman build --pull=never → $image (version $version)"
 t0=$SECONDS
-previous="$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)"
-# --format docker keeps the HEALTHCHECK (the OCI format has no field for
-# it); --jobs 2 builds the two stages side by side (compiling and apt).
-podman build --pull=never --isolation=chroot --format docker --jobs 2 \
-	--build-arg "VERSION=$version" -t "$image" -f Dockerfile . 2>&1 |
-	while IFS= read -r line; do printf '%s   %s\n' "$(date +%T)" "$line"; done >&2
+# The builder stage is tagged too ($image-build, from the layer cache in a
+# second), so that what each tag named before can be removed once
+# replaced: a build leaves the old images behind untagged otherwise, some
+# 700 MB per changed run.
+builder="$image-build"
+previous=()
+for tag in "$image" "$builder"; do
+	previous+=("$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)")
+done
+build() {
+	# --format docker keeps the HEALTHCHECK (the OCI format has no field
+	# for it); --jobs 2 builds the two stages side by side.
+	podman build --pull=never --isolation=chroot --format docker --jobs 2 \
+		--build-arg "VERSION=$version" "$@" -f Dockerfile . 2>&1 |
+		while IFS= read -r line; do printf '%s   %s\n' "$(date +%T)" "$line"; done >&2
+}
+build -t "$image"
+build --quiet --target build -t "$builder" >/dev/null
 log "built in $((SECONDS - t0))s"
-# The image this tag named before is now only disk space.
-if [[ -n "$previous" && "$previous" != "$(podman image inspect --format '{{.Id}}' "$image")" ]]; then
-	podman rmi "$previous" >/dev/null 2>&1 || true
-fi
+for old in "${previous[@]}"; do
+	[[ -z "$old" ]] && continue
+	if [[ "$old" != "$(podman image inspect --format '{{.Id}}' "$image")" && "$old" != "$(podman image inspect --format '{{.Id}}' "$builder")" ]]; then
+		podman rmi "$old" >/dev/null 2>&1 || true
+	fi
+done
 podman images --filter "reference=$image" --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' >&2
 
 log "3/3 go test -tags imagetest ./test/image/ (engine flags: $engine_flags)"
