@@ -1,0 +1,494 @@
+//go:build imagetest
+
+// Package image tests the mcp-exec container image the way its users run
+// it, with a real MCP client against the real image under podman:
+//
+//   - the privileged recipe (what `mcp-exec doctor` prints as the fix),
+//     once per runtime (libcontainer, runsc), over stdio and over HTTP
+//     (healthz, the token gate, both token headers, the HEALTHCHECK);
+//   - the mcp-exec 0.5.4 `mcpServers` entry's exact flags over stdio, where
+//     the image's `auto` runtime must fall back to the process runtime.
+//
+// Each call asserts what the code saw from inside, not only that it ran.
+//
+// test/image/run.sh (make image-test) builds the image and runs this with
+// MCP_EXEC_TEST_IMAGE set to it, and MCP_EXEC_TEST_ENGINE_FLAGS to what
+// podman needs on the host (OCI runtime, ulimits). The imagetest build tag
+// keeps it out of `go test ./...`, which has no image to test.
+package image
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// privileged is the recipe `mcp-exec doctor` prints for running the full
+// per-call sandbox nested in a container.
+var privileged = []string{
+	"--user", "0:0",
+	"--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
+	"--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+	"--security-opt", "systempaths=unconfined",
+	"--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+}
+
+// seed054 are the flags of mcp-exec 0.5.4's documented mcpServers entry.
+var seed054 = []string{
+	"--network", "none", "--read-only", "--cap-drop", "ALL",
+	"--security-opt", "no-new-privileges", "--user", "65532:65532",
+	"--tmpfs", "/tmp:rw,noexec,nosuid,size=64m",
+	"--memory", "256m", "--pids-limit", "128", "--cpus", "1",
+}
+
+// probe prints what the code sees of its sandbox: uid, gid, hostname, the
+// network interfaces, any MCP_EXEC_* variable (the image's ENV must not
+// reach it), and what it read from stdin.
+const probe = `import os, socket, sys
+print("uid", os.getuid(), "gid", os.getgid())
+print("hostname", socket.gethostname())
+print("ifaces", ",".join(sorted(n for _, n in socket.if_nameindex())))
+print("env", ",".join(sorted(k for k in os.environ if k.startswith("MCP_EXEC"))) or "-")
+print("stdin", sys.stdin.read())
+`
+
+const probeStdin = "from-the-client"
+
+// output is the part of the exec tool's structuredContent checked here.
+type output struct {
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	ExitCode int    `json:"exit_code"`
+	TimedOut bool   `json:"timed_out"`
+	Runtime  string `json:"runtime"`
+}
+
+// want is what one call must report.
+type want struct {
+	runtime string
+	// stdout lines that must appear exactly.
+	lines []string
+}
+
+// sandboxed is what every strict per-call sandbox shows its code.
+func sandboxed(runtime string) want {
+	return want{runtime: runtime, lines: []string{
+		"uid 65532 gid 65532",
+		"hostname sandbox",
+		"ifaces lo",
+		"env -",
+		"stdin " + probeStdin,
+	}}
+}
+
+func TestPrivilegedStdio(t *testing.T) {
+	for _, rt := range []string{"libcontainer", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			args := append(append([]string{}, privileged...), "-e", "MCP_EXEC_RUNTIME="+rt)
+			cs := startStdio(t, args)
+			callAndCheck(t, cs, sandboxed(rt))
+		})
+	}
+}
+
+func TestPrivilegedHTTP(t *testing.T) {
+	const token = "image-test-token-0123456789"
+	for _, rt := range []string{"libcontainer", "runsc"} {
+		t.Run(rt, func(t *testing.T) {
+			args := append(append([]string{}, privileged...),
+				"-e", "MCP_EXEC_RUNTIME="+rt,
+				"-e", "MCP_EXEC_TRANSPORT=http",
+				"-e", "MCP_EXEC_AUTH_TOKEN="+token,
+				"-p", "127.0.0.1::8080")
+			name := startDetached(t, args)
+			base := "http://" + hostPort(t, name, "8080/tcp")
+			waitHealthy(t, name, base)
+
+			t.Logf("GET %s/healthz without a token", base)
+			if code, body := get(t, base+"/healthz"); code != http.StatusOK || body != "ok" {
+				t.Errorf("GET /healthz: %d %q, want 200 \"ok\"", code, body)
+			}
+			for _, tc := range []struct {
+				name          string
+				header, value string
+				wantCode      int
+			}{
+				{"no token", "", "", http.StatusUnauthorized},
+				{"wrong bearer", "Authorization", "Bearer wrong-token-0123456789", http.StatusUnauthorized},
+				{"wrong X-MCP-AUTH", "X-MCP-AUTH", "wrong-token-0123456789", http.StatusUnauthorized},
+			} {
+				t.Logf("POST %s/mcp tools/call with %s", base, tc.name)
+				if got := postCall(t, base+"/mcp", tc.header, tc.value); got != tc.wantCode {
+					t.Errorf("POST /mcp with %s: status %d, want %d", tc.name, got, tc.wantCode)
+				}
+			}
+			for _, auth := range []struct{ header, value string }{
+				{"Authorization", "Bearer " + token},
+				{"X-MCP-AUTH", token},
+			} {
+				t.Run(auth.header, func(t *testing.T) {
+					t.Logf("MCP client over streamable HTTP at %s/mcp with %s", base, auth.header)
+					hc := &http.Client{Transport: headerTransport{auth.header, auth.value, http.DefaultTransport}}
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+					defer cancel()
+					cs, err := mcp.NewClient(&mcp.Implementation{Name: "image-test", Version: "1"}, nil).
+						Connect(ctx, &mcp.StreamableClientTransport{Endpoint: base + "/mcp", HTTPClient: hc, MaxRetries: -1}, nil)
+					if err != nil {
+						t.Fatalf("connecting over HTTP with %s: %v", auth.header, err)
+					}
+					defer cs.Close()
+					callAndCheck(t, cs, sandboxed(rt))
+				})
+			}
+		})
+	}
+}
+
+// TestSeedDropIn runs the image exactly as mcp-exec 0.5.4's mcpServers
+// entry does. No per-call container can be made there (no capabilities,
+// no-new-privileges, a read-only root, uid 65532), so `auto` must choose
+// the process runtime and say so in the result.
+func TestSeedDropIn(t *testing.T) {
+	// podman's --read-only also mounts writable tmpfs on /run and /var/tmp;
+	// docker's, which the 0.5.4 entry runs, does not: only the --tmpfs /tmp
+	// is writable there, and so here.
+	args := append(append([]string{}, seed054...), "--read-only-tmpfs=false")
+	cs := startStdio(t, args)
+	callAndCheck(t, cs, want{runtime: "process", lines: []string{
+		"uid 65532 gid 65532",
+		"ifaces lo", // --network none
+		"env -",
+		"stdin " + probeStdin,
+	}})
+}
+
+// TestImageConfig checks what the Dockerfile promises operators: not root
+// by default, stdio by default with the 0.5.4 package set and the auto
+// runtime, the prebuilt rootfs, port 8080, a HEALTHCHECK, OCI labels.
+func TestImageConfig(t *testing.T) {
+	out, err := exec.Command("podman", "image", "inspect", image(t)).Output()
+	if err != nil {
+		t.Fatalf("podman image inspect: %v", err)
+	}
+	var inspect []struct {
+		Config struct {
+			User         string
+			Entrypoint   []string
+			Cmd          []string
+			Env          []string
+			ExposedPorts map[string]struct{}
+			Labels       map[string]string
+		}
+		Healthcheck *struct{ Test []string }
+	}
+	if err := json.Unmarshal(out, &inspect); err != nil || len(inspect) != 1 {
+		t.Fatalf("decoding podman image inspect: %v (%d images)", err, len(inspect))
+	}
+	c := inspect[0].Config
+	env := map[string]bool{}
+	for _, e := range c.Env {
+		env[e] = true
+	}
+	_, port := c.ExposedPorts["8080/tcp"]
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"User", c.User, "65532:65532"},
+		{"Entrypoint", strings.Join(c.Entrypoint, " "), "mcp-exec"},
+		{"Cmd", strings.Join(c.Cmd, " "), "serve"},
+		{"ExposedPorts[8080/tcp]", port, true},
+		{"Healthcheck", inspect[0].Healthcheck != nil && len(inspect[0].Healthcheck.Test) > 0, true},
+		{"Labels[org.opencontainers.image.title]", c.Labels["org.opencontainers.image.title"], "mcp-exec"},
+		{"Labels[org.opencontainers.image.source]", c.Labels["org.opencontainers.image.source"], "https://github.com/inhuman/mcp-exec"},
+		{"Labels[org.opencontainers.image.version] set", c.Labels["org.opencontainers.image.version"] != "", true},
+		{"Env MCP_EXEC_TRANSPORT", env["MCP_EXEC_TRANSPORT=stdio"], true},
+		{"Env MCP_EXEC_RUNTIME", env["MCP_EXEC_RUNTIME=auto"], true},
+		{"Env MCP_EXEC_PACKAGES", env["MCP_EXEC_PACKAGES=numpy,pandas,matplotlib,pillow,pyyaml,jinja2"], true},
+		{"Env MCP_EXEC_SHELL", env["MCP_EXEC_SHELL=true"], true},
+		{"Env MCP_EXEC_ROOTFS", env["MCP_EXEC_ROOTFS=/opt/mcp-exec/rootfs"], true},
+		{"Env MCP_EXEC_ADDR", env["MCP_EXEC_ADDR=0.0.0.0:8080"], true},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("image config: %s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+// engineArgs returns the podman command line up to the image's arguments:
+// run, the host's engine flags, a name, then args.
+func engineArgs(t *testing.T, name string, args []string) []string {
+	t.Helper()
+	a := []string{"run", "--rm", "--name", name}
+	a = append(a, strings.Fields(os.Getenv("MCP_EXEC_TEST_ENGINE_FLAGS"))...)
+	return append(a, args...)
+}
+
+func image(t *testing.T) string {
+	t.Helper()
+	img := os.Getenv("MCP_EXEC_TEST_IMAGE")
+	if img == "" {
+		t.Fatal("MCP_EXEC_TEST_IMAGE is not set: run test/image/run.sh (make image-test), which builds the image")
+	}
+	return img
+}
+
+// containerName names a container after MCP_EXEC_TEST_NAME_PREFIX, by
+// which run.sh finds what a killed test left.
+func containerName() string {
+	prefix := os.Getenv("MCP_EXEC_TEST_NAME_PREFIX")
+	if prefix == "" {
+		prefix = "mcp-exec-image-test-"
+	}
+	return prefix + uuid.NewString()[:8]
+}
+
+// startStdio runs the image as an mcpServers entry does (podman run -i)
+// and connects an MCP client to it over its stdin and stdout. The pipes
+// are the test's own, so that the server's exit and its last words on
+// stderr are waited for before they are judged.
+func startStdio(t *testing.T, args []string) *mcp.ClientSession {
+	t.Helper()
+	name := containerName()
+	argv := engineArgs(t, name, append(append([]string{"-i"}, args...), image(t)))
+	t.Logf("stdio: podman %s", strings.Join(argv, " "))
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncBuffer{}
+	cmd := exec.Command("podman", argv...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting podman: %v", err)
+	}
+	inR.Close()
+	outW.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// stop closes the server's stdin, which ends it, and waits for podman.
+	stop := func() error {
+		inW.Close()
+		select {
+		case err := <-exited:
+			return err
+		case <-time.After(30 * time.Second):
+			exec.Command("podman", "rm", "-f", "-t", "0", name).Run()
+			cmd.Process.Kill()
+			return fmt.Errorf("podman run -i still running 30s after its stdin closed: %v", <-exited)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "image-test", Version: "1"}, nil).
+		Connect(ctx, &mcp.IOTransport{Reader: outR, Writer: inW}, nil)
+	if err != nil {
+		werr := stop()
+		t.Fatalf("connecting over stdio: %v (podman: %v); server stderr:\n%s", err, werr, stderr)
+	}
+	t.Cleanup(func() {
+		cs.Close()
+		if err := stop(); err != nil {
+			t.Errorf("podman run -i after stdin closed: %v, want exit status 0; server stderr:\n%s", err, stderr)
+		} else if t.Failed() {
+			t.Logf("server stderr (%s):\n%s", name, stderr)
+		}
+		outR.Close()
+	})
+	return cs
+}
+
+// startDetached runs the image in the background and returns its name;
+// its logs are shown when the test fails.
+func startDetached(t *testing.T, args []string) string {
+	t.Helper()
+	name := containerName()
+	argv := engineArgs(t, name, append(append([]string{"-d"}, args...), image(t)))
+	t.Logf("http: podman %s", strings.Join(argv, " "))
+	if out, err := exec.Command("podman", argv...).CombinedOutput(); err != nil {
+		t.Fatalf("podman run -d: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := exec.Command("podman", "logs", name).CombinedOutput()
+			t.Logf("server log (%s):\n%s", name, out)
+		}
+		exec.Command("podman", "rm", "-f", "-t", "5", name).Run()
+	})
+	return name
+}
+
+// hostPort is where the engine published the container's port.
+func hostPort(t *testing.T, name, port string) string {
+	t.Helper()
+	out, err := exec.Command("podman", "port", name, port).Output()
+	if err != nil {
+		t.Fatalf("podman port %s %s: %v", name, port, err)
+	}
+	hp := strings.TrimSpace(strings.Split(string(out), "\n")[0])
+	if hp == "" {
+		t.Fatalf("podman port %s %s: nothing published", name, port)
+	}
+	return hp
+}
+
+// waitHealthy waits for /healthz to answer, then runs the image's own
+// HEALTHCHECK, which must pass once the server serves.
+func waitHealthy(t *testing.T, name, base string) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		resp, err := http.Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/healthz did not answer 200 within 90s: %v", base, err)
+		}
+		if out, _ := exec.Command("podman", "inspect", "--format", "{{.State.Running}}", name).Output(); strings.TrimSpace(string(out)) != "true" {
+			t.Fatalf("container %s stopped before serving", name)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	t.Logf("podman healthcheck run %s (the image's HEALTHCHECK)", name)
+	if out, err := exec.Command("podman", "healthcheck", "run", name).CombinedOutput(); err != nil {
+		t.Errorf("the image's HEALTHCHECK failed on a serving HTTP server: %v\n%s", err, out)
+	}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// postCall POSTs a tools/call as an MCP client would, with one header (or
+// none), and returns the status.
+func postCall(t *testing.T, url, header, value string) int {
+	t.Helper()
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec","arguments":{"code":"print(1)"}}}`
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if header != "" {
+		req.Header.Set(header, value)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+// callAndCheck calls exec with the probe and checks the result.
+func callAndCheck(t *testing.T, cs *mcp.ClientSession, w want) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": probe, "stdin": probeStdin}})
+	if err != nil {
+		t.Fatalf("tools/call exec: %v", err)
+	}
+	if res.IsError {
+		t.Fatalf("tools/call exec: isError: %s", contentText(res))
+	}
+	raw, err := json.Marshal(res.StructuredContent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got output
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatalf("decoding structuredContent %s: %v", raw, err)
+	}
+	t.Logf("exec result in %v: runtime=%q exit_code=%d stdout=%q stderr=%q",
+		time.Since(start).Round(time.Millisecond), got.Runtime, got.ExitCode, got.Stdout, got.Stderr)
+	if got.ExitCode != 0 || got.TimedOut {
+		t.Errorf("exec: exit_code = %d, timed_out = %v, want 0, false (stderr %q)", got.ExitCode, got.TimedOut, got.Stderr)
+	}
+	if got.Runtime != w.runtime {
+		t.Errorf("exec: runtime = %q, want %q", got.Runtime, w.runtime)
+	}
+	lines := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(got.Stdout))
+	for sc.Scan() {
+		lines[sc.Text()] = true
+	}
+	for _, l := range w.lines {
+		if !lines[l] {
+			t.Errorf("exec: stdout lacks the line %q (stdout %q)", l, got.Stdout)
+		}
+	}
+}
+
+func contentText(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// headerTransport adds one header to every request, as a configured
+// client does.
+type headerTransport struct {
+	header, value string
+	base          http.RoundTripper
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(h.header, h.value)
+	return h.base.RoundTrip(r)
+}
+
+// syncBuffer collects a child's stderr while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
