@@ -99,15 +99,17 @@ type container interface {
 }
 
 // socketPoll is how often the supervision reads a container's socket
-// memory on cgroup v1, where the kernel lets every socket keep a buffer or
-// two past the bound (so that it can make progress): a call opening
+// memory on cgroup v1, where the kernel lets every socket keep a buffer
+// past the bound (a receive queue that is empty takes one skb whatever
+// the limit, so that the connection makes progress): a call opening
 // thousands of loopback connections would add up those minimums far past
-// it. Past socketSlack over the bound the container is killed, as the
-// memory limit would kill it.
-const (
-	socketPoll  = 25 * time.Millisecond
-	socketSlack = 2
-)
+// it. Past half the bound again, the container is killed, as the memory
+// limit would kill it; loopback moves about a gigabyte a second, so the
+// poll is frequent (a read of one cgroup file).
+const socketPoll = 5 * time.Millisecond
+
+// socketsOver reports whether used socket memory is past the kill mark.
+func socketsOver(used, limit int64) bool { return limit > 0 && used > limit+limit/2 }
 
 // event is one frame from the init that the supervision waits for.
 type event struct {
@@ -345,7 +347,7 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 	for !ended {
 		select {
 		case <-sockTick:
-			if used, limit, _ := c.sockets(); limit > 0 && used > socketSlack*limit {
+			if used, limit, _ := c.sockets(); socketsOver(used, limit) {
 				sockTick = nil
 				res.OOMKilled, res.SocketsKilled = true, true
 				c.kill()
