@@ -40,7 +40,9 @@ from matplotlib._pylab_helpers import Gcf
 from matplotlib.backend_bases import FigureManagerBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-OUTPUTS = "` + OutputsDir + `"
+# /tmp/outputs in the sandbox; the call's own dir under the process
+# runtime, whose temp dir is the call's working dir.
+OUTPUTS = os.path.join(os.environ.get("TMPDIR") or "/tmp", "outputs")
 _next = 1
 
 
@@ -77,6 +79,17 @@ def show(*args, **kwargs):
             _save(manager.canvas.figure)
     Gcf.destroy_all()
 `
+
+// WriteMatplotlibBackend writes the backend module into dir, for an
+// interpreter that does not run on a rootfs of this package (the process
+// runtime): put dir on its PYTHONPATH and set MPLBACKEND.
+func WriteMatplotlibBackend(dir string) error {
+	p := filepath.Join(dir, matplotlibBackendModule+".py")
+	if err := os.WriteFile(p, []byte(matplotlibBackendSource), 0o644); err != nil {
+		return fmt.Errorf("writing the matplotlib backend: %w", err)
+	}
+	return os.Chmod(p, 0o644)
+}
 
 // matplotlibRC is the rootfs's /etc/matplotlibrc, the one file of /etc a
 // package adds. Debian's matplotlib reads its rc file from /etc (the host's

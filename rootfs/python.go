@@ -39,8 +39,9 @@ type Interpreter struct {
 // key, which a v1 server may still be running on, so it is left alone.
 //
 // v3: Options (packages, shell), the empty packages dir mount point, and the
-// /.mcp-exec mount point of the init.
-const keyVersion = "rootfs-v3"
+// /.mcp-exec mount point of the init. v4: the matplotlib backend saves
+// under $TMPDIR/outputs.
+const keyVersion = "rootfs-v4"
 
 // Key is the cache key of the stdlib-only rootfs: Options{}.Key(py).
 func (py Interpreter) Key() string {

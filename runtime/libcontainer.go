@@ -36,6 +36,9 @@ type Config struct {
 	// UIDBase is the first host uid of the libcontainer runtime's call
 	// slots; DefaultUIDBase when 0.
 	UIDBase int
+	// WorkDir is where the process runtime makes each call's dirs; the
+	// system's temp dir when empty.
+	WorkDir string
 }
 
 func (c *Config) setDefaults() {

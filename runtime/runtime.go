@@ -36,15 +36,21 @@ type Kind string
 const (
 	Libcontainer Kind = "libcontainer"
 	Runsc        Kind = "runsc"
+	// Process runs each call as a fresh process, with no container: the
+	// server's own (outer) container is the boundary.
+	Process Kind = "process"
+	// Auto is the strict sandbox where this host allows it (libcontainer,
+	// else runsc), else Process.
+	Auto Kind = "auto"
 )
 
 // ParseKind parses a runtime name as given in configuration.
 func ParseKind(s string) (Kind, error) {
 	switch k := Kind(s); k {
-	case Libcontainer, Runsc:
+	case Libcontainer, Runsc, Process, Auto:
 		return k, nil
 	}
-	return "", fmt.Errorf("unknown runtime %q (want %q or %q)", s, Libcontainer, Runsc)
+	return "", fmt.Errorf("unknown runtime %q (want %s, %s, %s or %s)", s, Libcontainer, Runsc, Process, Auto)
 }
 
 // Request carries what one call asks for at run time.
@@ -219,8 +225,30 @@ func New(kind Kind, cfg Config) (Runtime, error) {
 		return NewLibcontainer(cfg)
 	case Runsc:
 		return NewRunsc(cfg)
+	case Process:
+		return NewProcess(cfg)
+	case Auto:
+		rt, _, err := NewAuto(cfg)
+		return rt, err
 	}
 	return nil, fmt.Errorf("unknown runtime %q", kind)
+}
+
+// NewAuto creates the strictest runtime this host allows: libcontainer,
+// else runsc, else the process runtime. why says what the stricter ones
+// lacked when it is not libcontainer.
+func NewAuto(cfg Config) (rt Runtime, why string, err error) {
+	lcErr := LibcontainerUsable()
+	if lcErr == nil {
+		rt, err = NewLibcontainer(cfg)
+		return rt, "", err
+	}
+	if rsErr := RunscUsable(cfg); rsErr == nil {
+		rt, err = NewRunsc(cfg)
+		return rt, fmt.Sprintf("libcontainer is unavailable here (%v)", lcErr), err
+	}
+	rt, err = NewProcess(cfg)
+	return rt, fmt.Sprintf("no per-call container can be made here (%v)", lcErr), err
 }
 
 // liveSet tracks a runtime's prepared sandboxes, so that closing the

@@ -39,6 +39,7 @@
 #define H_STDIN_END 'J'
 #define H_CODE 'C' // the code; the program starts when it is all read
 #define H_KILL 'K' // kill the code now, then report as usual
+#define H_CPU 'L'  // the call's CPU seconds: RLIMIT_CPU of the code in the process runtime
 
 // Frame types, init to host.
 #define I_READY 'R'   // the interpreter waits for its code
@@ -113,6 +114,7 @@ struct config {
 	uint64_t max_files;   // output files
 	uint64_t max_file_bytes;
 	const char *workdir;  // the code's working directory; input files go here, output files come from outputs/ in it
+	int process_mode;     // not pid 1 of a namespace: a process of the server's machine (the process runtime)
 	const char *script;   // the FIFO, then the file, the interpreter runs
 	char **argv;          // the interpreter's command line
 };
@@ -128,8 +130,10 @@ static int as_user(const struct config *c, int (*fn)(const struct config *, void
 		return errno;
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-		if (setgroups(0, NULL) < 0 || setresgid(c->gid, c->gid, c->gid) < 0 || setresuid(c->uid, c->uid, c->uid) < 0)
-			_exit(EPERM);
+		if (geteuid() == 0 || !c->process_mode) {
+			if (setgroups(0, NULL) < 0 || setresgid(c->gid, c->gid, c->gid) < 0 || setresuid(c->uid, c->uid, c->uid) < 0)
+				_exit(EPERM);
+		}
 		_exit(fn(c, arg) & 0xff);
 	}
 	int st;
@@ -145,6 +149,8 @@ static int as_user(const struct config *c, int (*fn)(const struct config *, void
 // drop_privileges leaves the child with the code's identity and nothing else:
 // no capability in any of the five sets, no supplementary group.
 static void drop_privileges(const struct config *c) {
+	if (geteuid() != 0 && c->process_mode)
+		return; // the process runtime under an unprivileged server: it is the code's user already
 	for (int cap = 0; cap <= 63; cap++) {
 		if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL)
 			break;
@@ -197,6 +203,8 @@ static pid_t spawn(const struct config *c, int in, int out, int err) {
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
 		die("setting up stdio");
+	if (c->process_mode)
+		setpgid(0, 0); // the code's own group, killed whole
 	close_from(3);
 	drop_privileges(c);
 	execve(c->argv[0], c->argv, environ);
@@ -465,8 +473,43 @@ static int export_outputs(const struct config *c, void *arg) {
 	return 0;
 }
 
-// kill_all kills every process in the sandbox but this one.
-static void kill_all(void) { kill(-1, SIGKILL); }
+static pid_t code_group; // the process runtime: the code's process group
+
+// kill_all kills every process of the code. As pid 1 of the sandbox's pid
+// namespace, that is every process but this one. In the process runtime it
+// is the code's process group and, as this process is their subreaper,
+// every orphan that left the group (setsid) and came back to it.
+static void kill_all(void) {
+	if (!code_group) {
+		kill(-1, SIGKILL);
+		return;
+	}
+	kill(-code_group, SIGKILL);
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		return;
+	pid_t self = getpid();
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		char path[300], buf[512];
+		snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t n = read(fd, buf, sizeof buf - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		buf[n] = '\0';
+		char *rp = strrchr(buf, ')');
+		int ppid = 0;
+		if (rp != NULL && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == self)
+			kill(atoi(e->d_name), SIGKILL);
+	}
+	closedir(d);
+}
 
 static uint64_t parse_u64(const char *key, const char *s) {
 	char *end;
@@ -525,6 +568,15 @@ static int sandbox_init(int argc, char **argv) {
 			c.workdir = v;
 		else if (strcmp(k, "test_no_parent_death") == 0)
 			; // handled first thing
+		else if (strcmp(k, "mode") == 0 && strcmp(v, "process") == 0)
+			c.process_mode = 1;
+		else if (strcmp(k, "rlimit_data") == 0)
+			set_rlimit(RLIMIT_DATA, parse_u64(k, v), "setting RLIMIT_DATA");
+		else if (strcmp(k, "rlimit_nproc") == 0)
+			set_rlimit(RLIMIT_NPROC, parse_u64(k, v), "setting RLIMIT_NPROC");
+		else if (strcmp(k, "rlimit_fsize") == 0)
+			set_rlimit(RLIMIT_FSIZE, parse_u64(k, v), "setting RLIMIT_FSIZE");
+
 		// Limits of the code's every process, set here rather than by the
 		// runtime: lowering a limit needs no privilege, and a runtime
 		// outside the sandbox's user namespace may not touch them.
@@ -575,9 +627,15 @@ static int sandbox_init(int argc, char **argv) {
 	int in[2], out[2], err[2];
 	if (pipe2(in, O_CLOEXEC) < 0 || pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0)
 		die("creating pipes");
+	if (c.process_mode)
+		prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); // orphans come back to us
 	pid_t child = spawn(&c, in[0], out[1], err[1]);
 	if (child < 0)
 		die("fork");
+	if (c.process_mode) {
+		setpgid(child, child); // both sides, so that no kill can miss it
+		code_group = child;
+	}
 	close(in[0]);
 	close(out[1]);
 	close(err[1]);
@@ -702,6 +760,19 @@ static int sandbox_init(int argc, char **argv) {
 				case H_KILL:
 					kill_all();
 					break;
+				case H_CPU:
+					// Without a cgroup's quota, the code's CPU time is
+					// bounded per process by RLIMIT_CPU: SIGXCPU at the
+					// call's seconds, SIGKILL one later.
+					if (c.process_mode && len > 0 && len < 32) {
+						char num[32];
+						memcpy(num, pl, len);
+						num[len] = '\0';
+						uint64_t secs = parse_u64("cpu", num);
+						struct rlimit rl = {.rlim_cur = secs, .rlim_max = secs + 1};
+						prlimit(child, RLIMIT_CPU, &rl, NULL);
+					}
+					break;
 				}
 				ctl.off += 5 + (size_t)len;
 			}
@@ -792,8 +863,17 @@ static int sandbox_init(int argc, char **argv) {
 		}
 	}
 
-	// Reap whatever the kill left, so /tmp/outputs no longer changes.
-	while (waitpid(-1, NULL, 0) > 0 || errno == EINTR) {
+	// Reap whatever the kill left, so the outputs no longer change. In the
+	// process runtime orphans keep coming back to this subreaper while
+	// their parents die: kill again until none is left.
+	for (;;) {
+		if (code_group)
+			kill_all();
+		pid_t w = waitpid(-1, NULL, 0);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			break;
 	}
 	unsigned char x[4 + 8 + 8];
 	put_u32(x, (uint32_t)status);

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -22,6 +24,7 @@ import (
 //	init → host  R           the interpreter is started and waits for its code
 //	host → init  F path data an input file, written under /tmp as the code's user
 //	host → init  I data, J   the code's stdin, then its end
+//	host → init  L seconds   the call's CPU seconds (the process runtime's RLIMIT_CPU)
 //	host → init  C code      the code: the interpreter reads it and runs it
 //	init → host  S           the code has it: the timeout counts from here
 //	init → host  O, E data   stdout and stderr, at most the cap each
@@ -46,6 +49,7 @@ const (
 	hStdinEnd = 'J'
 	hCode     = 'C'
 	hKill     = 'K'
+	hCPU      = 'L'
 
 	iReady   = 'R'
 	iStarted = 'S'
@@ -265,6 +269,7 @@ func (s *session) send(req Request) {
 			p = p[n:]
 		}
 		writeFrame(w, hStdinEnd)
+		writeFrame(w, hCPU, []byte(strconv.FormatInt(int64(math.Ceil(req.Timeout.Seconds())), 10)))
 		writeFrame(w, hCode, req.Code)
 		w.Flush()
 	}()

@@ -92,7 +92,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_MAX_CODE_BYTES", "max-code-bytes", "largest code accepted", byteCount(&c.MaxCodeBytes, 1, 1)},
 		{"MCP_EXEC_MAX_FILES", "max-files", "most files a call may send, and return from /tmp/outputs", integer(&c.MaxFiles, 0)},
 		{"MCP_EXEC_MAX_FILE_BYTES", "max-file-bytes", "most bytes of files a call may send, and return", byteCount(&c.MaxFileBytes, 1, 0)},
-		{"MCP_EXEC_RUNTIME", "runtime", "libcontainer or runsc", &value[runtime.Kind]{p: &c.Runtime, parse: runtime.ParseKind}},
+		{"MCP_EXEC_RUNTIME", "runtime", "libcontainer, runsc, process (a fresh process per call; the outer container is the boundary) or auto (the strictest this host allows)", &value[runtime.Kind]{p: &c.Runtime, parse: runtime.ParseKind}},
 		{"MCP_EXEC_ROOTFS", "rootfs", "the read-only Python rootfs to use (default: built from the host's python3 into a cache dir)", str(&c.Rootfs)},
 		{"MCP_EXEC_PYTHON", "python", "the host interpreter the default rootfs is built from", str(&c.Python)},
 		{"MCP_EXEC_ROOTFS_IMAGE", "rootfs-image", "a docker save tarball or OCI image-layout dir (PATH or PATH:TAG) whose filesystem becomes the rootfs", str(&c.RootfsImage)},

@@ -30,8 +30,13 @@ type report struct {
 // and what it would do with it.
 type runtimeReport struct {
 	Selected runtime.Kind `json:"selected"`
-	// Mode is "full sandbox" when the selected runtime gives the whole
-	// contract here, else "refuse": the server would not start.
+	// Resolved is the runtime the server would run calls with: Selected,
+	// or what auto chooses.
+	Resolved runtime.Kind `json:"resolved,omitempty"`
+	// Mode is "full sandbox" when the runtime gives the whole contract
+	// here, "process" when each call would be a fresh process with no
+	// container of its own (the process runtime, by name or chosen by
+	// auto), else "refuse": the server would not start.
 	Mode string `json:"mode"`
 	// Alternative names the other runtime when it would give the full
 	// sandbox and the selected one would not.
@@ -41,8 +46,9 @@ type runtimeReport struct {
 }
 
 const (
-	modeFull   = "full sandbox"
-	modeRefuse = "refuse"
+	modeFull    = "full sandbox"
+	modeProcess = "process"
+	modeRefuse  = "refuse"
 )
 
 // runtimeCheck is one runtime's verdict on this host.
@@ -100,19 +106,43 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 	}
 
-	selected, other := r.Runtimes[0], r.Runtimes[1]
-	if cfg.Runtime == runtime.Runsc {
-		selected, other = other, selected
+	lcAvail, rsAvail := r.Runtimes[0].Available, r.Runtimes[1].Available
+	// The exit status says whether any runtime gives the full sandbox.
+	r.OK = lcAvail || rsAvail
+	r.Runtime.Resolved = cfg.Runtime
+	switch cfg.Runtime {
+	case runtime.Auto:
+		r.Runtime.Resolved = runtime.Process
+		if lcAvail {
+			r.Runtime.Resolved = runtime.Libcontainer
+		} else if rsAvail {
+			r.Runtime.Resolved = runtime.Runsc
+		}
+	case runtime.Libcontainer:
+		r.OK = lcAvail
+		if !lcAvail && rsAvail {
+			r.Runtime.Alternative = runtime.Runsc
+		}
+	case runtime.Runsc:
+		r.OK = rsAvail
+		if !rsAvail && lcAvail {
+			r.Runtime.Alternative = runtime.Libcontainer
+		}
 	}
-	r.OK = selected.Available
-	r.Runtime.Mode = modeRefuse
-	if r.OK {
-		r.Runtime.Mode = modeFull
-	} else if other.Available {
-		r.Runtime.Alternative = other.Kind
+	starts := true
+	switch r.Runtime.Resolved {
+	case runtime.Process:
+		r.Runtime.Mode = modeProcess
+	case runtime.Libcontainer:
+		r.Runtime.Mode, starts = modeFull, lcAvail
+	case runtime.Runsc:
+		r.Runtime.Mode, starts = modeFull, rsAvail
+	}
+	if !starts {
+		r.Runtime.Mode = modeRefuse
 	}
 	r.Runtime.Advice = r.Host.Advice()
-	if r.OK {
+	if starts {
 		// Prove it: build or find the rootfs and run Python in the sandbox.
 		sb, err := newEngine(ctx, cfg, slog.New(slog.DiscardHandler))
 		if err != nil {
@@ -120,6 +150,7 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			r.Runtime.Mode = modeRefuse
 			r.Rootfs.Error = err.Error()
 		} else {
+			r.Runtime.Resolved = sb.rt.Kind()
 			r.Rootfs.Dir = sb.bundleCfg.Rootfs
 			r.Rootfs.Python = sb.bundleCfg.Python
 			r.Rootfs.PythonVersion = sb.pythonVersion
@@ -205,10 +236,22 @@ func printReport(w io.Writer, r report) {
 	if r.Rootfs.Error != "" {
 		fmt.Fprintf(w, "  error:   %s\n", r.Rootfs.Error)
 	}
-	if r.OK {
-		fmt.Fprintf(w, "verdict: OK — mode %q: %s gives the full sandbox on this host\n", r.Runtime.Mode, r.Runtime.Selected)
-	} else {
-		fmt.Fprintf(w, "verdict: NOT OK — mode %q: the server would refuse to start, as %s cannot give the full sandbox here; fix what is listed above", r.Runtime.Mode, r.Runtime.Selected)
+	sel := string(r.Runtime.Selected)
+	if r.Runtime.Resolved != "" && r.Runtime.Resolved != r.Runtime.Selected {
+		sel += " → " + string(r.Runtime.Resolved)
+	}
+	switch {
+	case r.Runtime.Mode == modeProcess:
+		fmt.Fprintf(w, "verdict: mode %q (%s): the server starts, and each call is a fresh process with no container of its own; "+
+			"the container mcp-exec runs in is the boundary", r.Runtime.Mode, sel)
+		if !r.OK {
+			fmt.Fprintf(w, ". No runtime gives the full sandbox here: fix what is listed above for one")
+		}
+		fmt.Fprintln(w)
+	case r.OK:
+		fmt.Fprintf(w, "verdict: OK — mode %q: %s gives the full sandbox on this host\n", r.Runtime.Mode, sel)
+	default:
+		fmt.Fprintf(w, "verdict: NOT OK — mode %q: the server would refuse to start, as %s cannot give the full sandbox here; fix what is listed above", r.Runtime.Mode, sel)
 		if r.Runtime.Alternative != "" {
 			fmt.Fprintf(w, ", or use MCP_EXEC_RUNTIME=%s, which can", r.Runtime.Alternative)
 		}

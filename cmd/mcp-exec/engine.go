@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -30,7 +31,10 @@ type engine struct {
 	bundleCfg     bundle.Config
 	pythonVersion string
 	contents      rootfs.Contents
-	log           *slog.Logger
+	// note says, when the runtime is not a per-call container, what the
+	// sandbox is instead and why it was chosen.
+	note string
+	log  *slog.Logger
 }
 
 // errSandboxStart marks failures to set up the sandbox at all, which the
@@ -43,12 +47,20 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rt, err := runtime.New(cfg.Runtime, runtime.Config{
+	rtCfg := runtime.Config{
 		StateDir:      cfg.StateDir,
 		Logger:        log,
 		RunscPath:     cfg.RunscPath,
 		RunscPlatform: cfg.RunscPlatform,
-	})
+	}
+	var rt runtime.Runtime
+	var why string
+	var err error
+	if cfg.Runtime == runtime.Auto {
+		rt, why, err = runtime.NewAuto(rtCfg)
+	} else {
+		rt, err = runtime.New(cfg.Runtime, rtCfg)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
 	}
@@ -58,6 +70,15 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		}
 	}()
 	s := &engine{rt: rt, log: log}
+	if cfg.Runtime == runtime.Auto {
+		log.Info("runtime chosen", "configured", cfg.Runtime, "runtime", rt.Kind(), "why", why)
+	}
+	if rt.Kind() == runtime.Process {
+		s.note = processNote(cfg.Runtime, why)
+		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary",
+			"runtime", rt.Kind(), "why", why)
+		return s, s.startProcess(ctx, cfg)
+	}
 
 	opts := cfg.rootfsOptions()
 	dir := cfg.Rootfs
@@ -204,6 +225,50 @@ func placeBytecode(root string, files []runtime.File) (int, error) {
 	return n, nil
 }
 
+// processNote is the tool description's sentence about the process
+// runtime.
+func processNote(configured runtime.Kind, why string) string {
+	n := "Isolation: each call is a fresh process in its own empty working directory (its /tmp), with limits on memory, processes, file size and CPU time, but no container of its own; the container the server runs in is the boundary."
+	if configured == runtime.Auto && why != "" {
+		n += " (Chosen because " + why + ".)"
+	}
+	return n
+}
+
+// startProcess readies the process runtime: the host's interpreter, its
+// packages, and the matplotlib backend beside them.
+func (s *engine) startProcess(ctx context.Context, cfg config) error {
+	for _, v := range []struct{ name, value string }{{"MCP_EXEC_ROOTFS", cfg.Rootfs}, {"MCP_EXEC_ROOTFS_IMAGE", cfg.RootfsImage}, {"MCP_EXEC_PACKAGES_DIR", cfg.PackagesDir}} {
+		if v.value != "" {
+			s.log.Info("not used by the process runtime, which runs the host's interpreter", "setting", v.name, "value", v.value)
+		}
+	}
+	py, err := rootfs.FindPython(ctx, cfg.Python)
+	if err != nil {
+		return fmt.Errorf("%w: finding python (MCP_EXEC_PYTHON): %w", errSandboxStart, err)
+	}
+	if s.contents, err = rootfs.Describe(py, cfg.rootfsOptions()); err != nil {
+		return fmt.Errorf("%w: %w", errSandboxStart, err)
+	}
+	s.bundleCfg = s.bundleConfig(cfg, "/", "")
+	s.bundleCfg.Python = py.Path
+	if slices.Contains(s.contents.Modules, "matplotlib") {
+		lib := filepath.Join(s.rt.BundleDir(), "lib")
+		if err := os.Mkdir(lib, 0o755); err != nil {
+			return fmt.Errorf("%w: %w", errSandboxStart, err)
+		}
+		if err := rootfs.WriteMatplotlibBackend(lib); err != nil {
+			return fmt.Errorf("%w: %w", errSandboxStart, err)
+		}
+		s.bundleCfg.Env = append(s.bundleCfg.Env, "PYTHONPATH="+lib)
+	}
+	s.pythonVersion, err = s.validateRootfs(ctx, s.bundleCfg, s.contents.Modules)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errSandboxStart, err)
+	}
+	return nil
+}
+
 // bundleConfig is what every sandbox of this engine shares.
 func (s *engine) bundleConfig(cfg config, rootfsDir, packagesMount string) bundle.Config {
 	bc := bundle.Config{
@@ -274,7 +339,7 @@ func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, 
 // Info describes the sandbox for the tool description.
 func (s *engine) Info() server.EngineInfo {
 	return server.EngineInfo{Runtime: string(s.rt.Kind()), PythonVersion: s.pythonVersion,
-		Modules: s.contents.Modules, Shell: s.contents.Shell}
+		Modules: s.contents.Modules, Shell: s.contents.Shell, Note: s.note}
 }
 
 func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Request) (runtime.Result, error) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/internal/testenv"
@@ -203,4 +206,84 @@ func assertNoProcessRunning(t *testing.T, bin string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Errorf("a process of %s is still running", bin)
+}
+
+// With the privileges of mcp-exec 0.5.4's drop-in deployment (uid 65532,
+// no capabilities, no_new_privs: docker --user 65532:65532 --cap-drop ALL
+// --security-opt no-new-privileges), auto chooses the process runtime and
+// says so; a call is a fresh process with the environment allowlist, its
+// own working dir, its files in and out, and nothing of it outlives it.
+func TestAutoFallsBackToProcess(t *testing.T) {
+	testenv.Real(t)
+	if os.Geteuid() != 0 {
+		t.Skip("the test drops to uid 65532 with setpriv, which needs root")
+	}
+	wrappers := nonrootWrappers(t)
+	bin, dir := publicBinary(t)
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(tmp, 0o1777)
+	cmd := exec.Command(wrappers[0].argv[0], append(wrappers[0].argv[1:], bin, "serve")...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + filepath.Join(dir, "home"), "TMPDIR=" + tmp,
+		"MCP_EXEC_RUNTIME=auto", "MCP_EXEC_AUTH_TOKEN=not-for-the-code-0123456789"}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	ctx := context.Background()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connecting: %v\n%s", err, stderr.String())
+	}
+	defer cs.Close()
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil || len(tools.Tools) != 1 || !strings.Contains(tools.Tools[0].Description, "no container of its own") {
+		t.Errorf("the tool's description does not say the calls run with no container: %v %v", err, tools)
+	}
+	if !strings.Contains(stderr.String(), `runtime=process`) {
+		t.Errorf("the log does not say the process runtime was chosen:\n%s", stderr.String())
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{
+		"code": `import os, subprocess, sys
+print(os.getuid(), sorted(os.environ), os.listdir("."), open("in.txt").read())
+open("outputs/out.txt", "w").write("back")
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)  # mcp-exec-orphan"], start_new_session=True)
+import time; time.sleep(30)`,
+		"timeout_s": 2,
+		"files":     []map[string]any{{"path": "in.txt", "content": "given"}},
+	}})
+	if err != nil || res.IsError {
+		t.Fatalf("exec: %v %v\n%s", err, res, stderr.String())
+	}
+	out := decodeOutput(t, res)
+	var full struct {
+		Files []struct{ Path string } `json:"files"`
+	}
+	remarshal(t, res.StructuredContent, &full)
+	if out.Runtime != "process" || !out.TimedOut || out.ExitCode != 137 {
+		t.Errorf("runtime %q, timed out %v, exit %d; want process, a timeout, 137", out.Runtime, out.TimedOut, out.ExitCode)
+	}
+	if want := "65532 ['HOME', 'LANG', 'LC_ALL', 'MKL_NUM_THREADS', 'NUMEXPR_MAX_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'PATH', 'PYTHONDONTWRITEBYTECODE', 'PYTHONIOENCODING', 'PYTHONNOUSERSITE', 'PYTHONUNBUFFERED', 'TMPDIR'] ['in.txt', 'outputs'] given\n"; out.Stdout != want {
+		t.Errorf("stdout %q, want %q", out.Stdout, want)
+	}
+	if len(full.Files) != 1 || full.Files[0].Path != "out.txt" {
+		t.Errorf("output files %v, want out.txt", full.Files)
+	}
+	// The orphan that left the process group is gone too, and so is the
+	// call's dir.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, _ := exec.Command("pgrep", "-f", "mcp-exec-orphan").Output()
+		if len(bytes.TrimSpace(b)) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the call's setsid grandchild outlived it: %s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	entries, _ := filepath.Glob(filepath.Join(tmp, "mcp-exec-*", "*-*"))
+	if len(entries) != 0 {
+		t.Errorf("the call's dirs are left: %v", entries)
+	}
 }
