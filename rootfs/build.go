@@ -337,6 +337,9 @@ func (b *builder) populate(py Interpreter, opts Options) error {
 			return err
 		}
 	}
+	if err := b.preload(py, opts.Preload); err != nil {
+		return err
+	}
 	if err := b.copyFiles(); err != nil {
 		return err
 	}
@@ -805,4 +808,41 @@ func (b *builder) skeleton() error {
 		}
 	}
 	return nil
+}
+
+// preloadFile is the .pth file that imports the preloaded modules. site
+// executes its "import" line as the interpreter starts; it leaves nothing
+// in sys.modules but the modules themselves.
+const preloadFile = "mcp_exec_preload.pth"
+
+// preload writes preloadFile into the interpreter's first site dir that a
+// packages dir is not mounted over.
+func (b *builder) preload(py Interpreter, modules []string) error {
+	if len(modules) == 0 {
+		return nil
+	}
+	site := ""
+	for _, d := range py.SitePackages {
+		if d != PackagesDirMountPoint(py) {
+			site = d
+			break
+		}
+	}
+	if site == "" {
+		return fmt.Errorf("MCP_EXEC_PRELOAD: the interpreter %s has no site dir to import from", py.Path)
+	}
+	if !b.made[site] {
+		if err := b.emptyDir(site); err != nil {
+			return err
+		}
+	}
+	real, err := resolveIn(b.root, site)
+	if err != nil {
+		return fmt.Errorf("MCP_EXEC_PRELOAD: %w", err)
+	}
+	p := filepath.Join(real, preloadFile)
+	if err := os.WriteFile(p, []byte("import "+strings.Join(modules, ", ")+"\n"), 0o644); err != nil {
+		return fmt.Errorf("MCP_EXEC_PRELOAD: %w", err)
+	}
+	return os.Chmod(p, 0o644)
 }

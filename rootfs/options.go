@@ -20,7 +20,15 @@ type Options struct {
 	// Shell adds /bin/sh and the common command-line tools: the applets of
 	// Debian's busybox-static.
 	Shell bool
+	// Preload are modules every interpreter of the rootfs imports as it
+	// starts (a .pth file in its site dir): a prepared sandbox has them
+	// loaded before its call comes, and a cold one pays for them as the
+	// code would. Module names, in import order.
+	Preload []string
 }
+
+// moduleName is a dotted Python module name.
+var moduleName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$`)
 
 // debianNames maps the PyPI names whose Debian package is not
 // python3-<name>: Debian names a package after the module it installs
@@ -105,8 +113,15 @@ func (o Options) requests() ([]request, error) {
 // Validate checks that every name in o.Packages can be a package name. It
 // does not look at the host; Describe and Build say what the host lacks.
 func (o Options) Validate() error {
-	_, err := o.requests()
-	return err
+	if _, err := o.requests(); err != nil {
+		return err
+	}
+	for _, m := range o.Preload {
+		if !moduleName.MatchString(m) {
+			return fmt.Errorf("MCP_EXEC_PRELOAD: %q is not a module name", m)
+		}
+	}
+	return nil
 }
 
 // Normalize returns o with Packages as Debian package names, sorted, each
@@ -121,13 +136,25 @@ func (o Options) Normalize() (Options, error) {
 	for _, r := range reqs {
 		n.Packages = append(n.Packages, r.deb)
 	}
+	for _, m := range o.Preload {
+		if !moduleName.MatchString(m) {
+			return Options{}, fmt.Errorf("MCP_EXEC_PRELOAD: %q is not a module name", m)
+		}
+		if !slices.Contains(n.Preload, m) {
+			n.Preload = append(n.Preload, m)
+		}
+	}
 	return n, nil
 }
 
 // String describes o for logs and cache keys: "packages=python3-numpy,
 // python3-pandas shell=true". Normalize first for a canonical form.
 func (o Options) String() string {
-	return "packages=" + strings.Join(o.Packages, ",") + " shell=" + strconv.FormatBool(o.Shell)
+	s := "packages=" + strings.Join(o.Packages, ",") + " shell=" + strconv.FormatBool(o.Shell)
+	if len(o.Preload) > 0 {
+		s += " preload=" + strings.Join(o.Preload, ",")
+	}
+	return s
 }
 
 // Key is the cache key of the rootfs built for py with o: Ensure keeps one

@@ -154,10 +154,16 @@ type Result struct {
 	// the sandbox's limits; FilesTruncated says one was left out for them.
 	Files          []File
 	FilesTruncated bool
+	// Pooled: the sandbox was prepared ahead of the call (see Pool).
+	Pooled bool
 }
 
 // ErrSandbox marks errors where the sandbox could not be set up or run.
 var ErrSandbox = errors.New("sandbox could not run")
+
+// ErrNotStarted marks a sandbox that ended before the code started: a call
+// may try another.
+var ErrNotStarted = errors.New("the code could not be started")
 
 // Runtime prepares containers from bundles.
 type Runtime interface {

@@ -436,7 +436,7 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 	case initError != "":
 		return res, fmt.Errorf("%w: %s", ErrSandbox, initError)
 	case start.IsZero():
-		return res, fmt.Errorf("%w: the code could not be started: %s", ErrSandbox, s.failure())
+		return res, fmt.Errorf("%w: %w: %s", ErrSandbox, ErrNotStarted, s.failure())
 	case exitEv != nil:
 		ws := exitEv.status
 		res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))

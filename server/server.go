@@ -389,7 +389,7 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		s.opts.Audit.write(rec)
 		s.log.Info("exec", "call", rec.CallID, "client", rec.Client, "code_bytes", rec.CodeBytes,
 			"stdin_bytes", rec.StdinBytes, "exit_code", res.ExitCode, "timed_out", res.TimedOut,
-			"oom_killed", res.OOMKilled, "duration", res.Duration, "err", err)
+			"oom_killed", res.OOMKilled, "duration", res.Duration, "pooled", res.Pooled, "err", err)
 
 		var inErr *inputError
 		switch {

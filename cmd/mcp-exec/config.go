@@ -39,7 +39,9 @@ type config struct {
 	RootfsImage    string
 	Packages       []string
 	Shell          bool
+	Preload        []string
 	PackagesDir    string
+	PoolSize       int // -1: adaptive
 	Limits         policy.Limits
 	MaxConcurrency int
 	MaxQueued      int
@@ -70,6 +72,7 @@ func defaultConfig() config {
 		MaxQueued:      4 * 2 * goruntime.NumCPU(),
 		Progress:       5 * time.Second,
 		SessionIdle:    600 * time.Second,
+		PoolSize:       -1,
 		MaxSessions:    1000,
 		StateDir:       runtime.DefaultStateDir,
 	}
@@ -98,6 +101,14 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_ROOTFS_IMAGE", "rootfs-image", "a docker save tarball or OCI image-layout dir (PATH or PATH:TAG) whose filesystem becomes the rootfs", str(&c.RootfsImage)},
 		{"MCP_EXEC_PACKAGES", "packages", "Python packages importable in every sandbox, from the host's Debian python3-* packages (comma-separated PyPI names: numpy,pandas,...)", list(&c.Packages)},
 		{"MCP_EXEC_SHELL", "shell", "/bin/sh and the common command-line tools (busybox) in the sandbox", boolean(&c.Shell)},
+		{"MCP_EXEC_PRELOAD", "preload", "modules every sandbox's interpreter imports as it starts, ahead of the call in a prepared one (comma-separated, e.g. numpy,pandas)", list(&c.Preload)},
+		{"MCP_EXEC_POOL_SIZE", "pool-size", "sandboxes prepared ahead: adaptive (up to the concurrency), a number, or 0 for none", &value[int]{p: &c.PoolSize, parse: parsePoolSize,
+			format: func(n int) string {
+				if n < 0 {
+					return "adaptive"
+				}
+				return strconv.Itoa(n)
+			}}},
 		{"MCP_EXEC_PACKAGES_DIR", "packages-dir", "a directory of importable packages (e.g. pip install --target DIR), mounted read-only on the import path", str(&c.PackagesDir)},
 		{"MCP_EXEC_MEMORY_MB", "memory-mb", "memory limit per call in MiB (tmpfs pages count too)", byteCount(&c.Limits.MemoryBytes, mib, policy.MinMemoryBytes/mib)},
 		{"MCP_EXEC_PIDS", "pids", "process/thread limit per call", integer(&c.Limits.Pids, policy.MinPids)},
@@ -174,8 +185,8 @@ func (c *config) sandboxErrors() []error {
 	if err := c.rootfsOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if (len(c.Packages) > 0 || c.Shell) && (c.Rootfs != "" || c.RootfsImage != "") {
-		errs = append(errs, errors.New("MCP_EXEC_PACKAGES and MCP_EXEC_SHELL build the default rootfs; they cannot change MCP_EXEC_ROOTFS or MCP_EXEC_ROOTFS_IMAGE, which are used as they are"))
+	if (len(c.Packages) > 0 || c.Shell || len(c.Preload) > 0) && (c.Rootfs != "" || c.RootfsImage != "") && c.Runtime != runtime.Process {
+		errs = append(errs, errors.New("MCP_EXEC_PACKAGES, MCP_EXEC_SHELL and MCP_EXEC_PRELOAD build the default rootfs; they cannot change MCP_EXEC_ROOTFS or MCP_EXEC_ROOTFS_IMAGE, which are used as they are"))
 	}
 	if c.Rootfs != "" && c.RootfsImage != "" {
 		errs = append(errs, errors.New("MCP_EXEC_ROOTFS and MCP_EXEC_ROOTFS_IMAGE both name the rootfs: set one"))
@@ -196,7 +207,18 @@ func (c *config) sandboxErrors() []error {
 
 // rootfsOptions is what the default rootfs is built with.
 func (c *config) rootfsOptions() rootfs.Options {
-	return rootfs.Options{Packages: c.Packages, Shell: c.Shell}
+	return rootfs.Options{Packages: c.Packages, Shell: c.Shell, Preload: c.Preload}
+}
+
+func parsePoolSize(s string) (int, error) {
+	if strings.TrimSpace(s) == "adaptive" {
+		return -1, nil
+	}
+	n, err := parseInt(s, 0, 1024)
+	if err != nil {
+		return 0, fmt.Errorf("must be adaptive or a number from 0 to 1024: %w", err)
+	}
+	return int(n), nil
 }
 
 // serverOptions are the server's part of the configuration.

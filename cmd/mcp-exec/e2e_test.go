@@ -39,7 +39,9 @@ func serverEnv(stateDir string, extra ...string) []string {
 			env = append(env, kv)
 		}
 	}
-	return append(append(env, "MCP_EXEC_STATE_DIR="+stateDir), extra...)
+	// No prepared sandboxes by default: the tests count what calls leave.
+	// TestBinaryPool tests the pool.
+	return append(append(env, "MCP_EXEC_STATE_DIR="+stateDir, "MCP_EXEC_POOL_SIZE=0"), extra...)
 }
 
 // proc is a running mcp-exec serve.
@@ -688,4 +690,50 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// With the pool on, calls find their sandbox prepared ahead, each is used
+// once (no file of one call is seen by the next), and the server's exit
+// leaves nothing, the prepared sandboxes included.
+func TestBinaryPool(t *testing.T) {
+	requireSandbox(t)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	var stderr syncBuffer
+	cmd := exec.Command(binaryPath(t), "serve", "-v")
+	cmd.Env = serverEnv(stateDir, "MCP_EXEC_POOL_SIZE=2")
+	cmd.Stderr = &stderr
+	ctx := context.Background()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		// Let the pool refill: 2 prepared at first, one more per call.
+		deadline := time.Now().Add(60 * time.Second)
+		for strings.Count(stderr.String(), "sandbox prepared ahead") < 2+i {
+			if time.Now().After(deadline) {
+				t.Fatalf("the pool did not prepare sandbox %d within 60 s:\n%s", 2+i, stderr.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": fmt.Sprintf(`import os
+print(sorted(os.listdir("/tmp")), sorted(os.listdir("/tmp/outputs")))
+open("/tmp/mark-%d", "w").close()`, i)}})
+		if err != nil || res.IsError {
+			t.Fatalf("exec %d: %v, %v", i, res, err)
+		}
+		if out := decodeOutput(t, res); out.Stdout != "['outputs'] []\n" {
+			t.Errorf("call %d saw /tmp %q, want only an empty outputs dir", i, out.Stdout)
+		}
+	}
+	if n := strings.Count(stderr.String(), "pooled=true"); n != 4 {
+		t.Errorf("%d of 4 calls ran on a prepared sandbox, want 4:\n%s", n, stderr.String())
+	}
+	ids := instances(t, stateDir)
+	if err := cs.Close(); err != nil {
+		t.Errorf("closing the client: %v", err)
+	}
+	for _, id := range ids {
+		assertGone(t, stateDir, id)
+	}
 }

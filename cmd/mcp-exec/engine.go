@@ -34,6 +34,8 @@ type engine struct {
 	// note says, when the runtime is not a per-call container, what the
 	// sandbox is instead and why it was chosen.
 	note string
+	// pool, when not nil, keeps sandboxes prepared ahead.
+	pool *runtime.Pool
 	log  *slog.Logger
 }
 
@@ -111,7 +113,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		// A cached rootfs was proven at build time by running Python in a
 		// real sandbox; it is not re-run on every start.
 		dir, err = rootfs.Ensure(ctx, py, opts, rootfs.DefaultCacheDir(), func(ctx context.Context, dir string) error {
-			_, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir, ""), s.contents.Modules)
+			_, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir, ""), s.contents.Modules, cfg.Preload)
 			return err
 		})
 		if err != nil {
@@ -146,7 +148,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	if cfg.Rootfs != "" || cfg.RootfsImage != "" || cfg.PackagesDir != "" {
 		// A rootfs or packages of the operator's making is proven once per
 		// start.
-		version, err := s.validateRootfs(ctx, s.bundleCfg, nil)
+		version, err := s.validateRootfs(ctx, s.bundleCfg, nil, nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: the rootfs %s: %w", errSandboxStart, dir, err)
 		}
@@ -262,7 +264,7 @@ func (s *engine) startProcess(ctx context.Context, cfg config) error {
 		}
 		s.bundleCfg.Env = append(s.bundleCfg.Env, "PYTHONPATH="+lib)
 	}
-	s.pythonVersion, err = s.validateRootfs(ctx, s.bundleCfg, s.contents.Modules)
+	s.pythonVersion, err = s.validateRootfs(ctx, s.bundleCfg, s.contents.Modules, nil)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errSandboxStart, err)
 	}
@@ -314,8 +316,14 @@ func packagesMountIn(rootfsDir, known string) (string, error) {
 // validateRootfs runs the interpreter inside a real sandbox and returns its
 // version: a rootfs that cannot run Python there, or import what it is said
 // to hold, is refused.
-func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules []string) (string, error) {
-	probe := "import sys, json, sqlite3, ssl, decimal, ctypes, multiprocessing\n"
+func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules, preload []string) (string, error) {
+	// The preloads are imported by the interpreter's start, before the
+	// probe's first line; site only warns when one fails.
+	probe := "import sys\n"
+	for _, m := range preload {
+		probe += fmt.Sprintf("if %q not in sys.modules: sys.exit('MCP_EXEC_PRELOAD: %s was not imported at start')\n", m, m)
+	}
+	probe += "import json, sqlite3, ssl, decimal, ctypes, multiprocessing\n"
 	for _, m := range modules {
 		probe += "import " + m + "\n"
 	}
@@ -331,9 +339,60 @@ func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
 	return strings.TrimSpace(string(res.Stdout)), nil
 }
 
-// Run runs one call in a fresh container.
+// startPool starts keeping sandboxes prepared ahead, per the
+// configuration: none, a fixed number, or adaptive up to the concurrency.
+func (s *engine) startPool(cfg config) {
+	if cfg.PoolSize == 0 {
+		return
+	}
+	pc := runtime.PoolConfig{Size: cfg.PoolSize, Logger: s.log,
+		Prepare: func(ctx context.Context) (runtime.Sandbox, error) { return s.prepare(ctx, s.bundleCfg) }}
+	if cfg.PoolSize < 0 {
+		pc.Size, pc.Adaptive = cfg.MaxConcurrency, true
+	}
+	s.pool = runtime.NewPool(pc)
+}
+
+// prepare makes one sandbox ready for a call.
+func (s *engine) prepare(ctx context.Context, bcfg bundle.Config) (runtime.Sandbox, error) {
+	b, err := bundle.New(s.rt.BundleDir(), bcfg, uuid.NewString())
+	if err != nil {
+		return nil, fmt.Errorf("%w: creating bundle: %w", runtime.ErrSandbox, err)
+	}
+	return s.rt.Prepare(ctx, b)
+}
+
+// Run runs one call in a fresh sandbox: one the pool prepared ahead when
+// there is one, else one prepared now. Either is used for this call only
+// and torn down after it, off the call's time.
 func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
-	return s.runWith(ctx, s.bundleCfg, req)
+	if err := req.Validate(); err != nil {
+		return runtime.Result{}, err
+	}
+	if s.pool == nil {
+		return s.runWith(ctx, s.bundleCfg, req)
+	}
+	for attempt := 0; ; attempt++ {
+		sb, warm, done, err := s.pool.Get(ctx)
+		if err != nil {
+			return runtime.Result{}, err
+		}
+		res, err := sb.Run(ctx, req)
+		res.Pooled = warm
+		done()
+		go func() {
+			if cerr := sb.Close(); cerr != nil {
+				s.log.Error("tearing down a sandbox", "err", cerr)
+			}
+		}()
+		// A prepared sandbox that died while it waited (killed from
+		// outside) never started the code: the call gets a fresh one.
+		if warm && attempt == 0 && errors.Is(err, runtime.ErrNotStarted) && ctx.Err() == nil {
+			s.log.Warn("a prepared sandbox was dead; preparing another", "err", err)
+			continue
+		}
+		return res, err
+	}
 }
 
 // Info describes the sandbox for the tool description.
@@ -350,7 +409,12 @@ func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Re
 	return runtime.Run(ctx, s.rt, b, req)
 }
 
-func (s *engine) close() error { return s.rt.Close() }
+func (s *engine) close() error {
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	return s.rt.Close()
+}
 
 // searchableByOthers checks that every directory on the way to dir lets
 // others pass: the sandbox's root is an unprivileged uid of the host (its

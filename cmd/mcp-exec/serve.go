@@ -77,7 +77,9 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 			log.Error("tearing down the sandbox", "err", err)
 		}
 	}()
-	log.Info("sandbox ready", "runtime", eng.Info().Runtime, "python", eng.pythonVersion, "max_concurrency", cfg.MaxConcurrency)
+	eng.startPool(cfg)
+	log.Info("sandbox ready", "runtime", eng.Info().Runtime, "python", eng.pythonVersion, "max_concurrency", cfg.MaxConcurrency,
+		"pool", poolDesc(cfg.PoolSize))
 
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
 		debug.SetMemoryLimit(server.MemoryTarget)
@@ -100,4 +102,11 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}
 	log.Info("stopped")
 	return 0
+}
+
+func poolDesc(n int) string {
+	if n < 0 {
+		return "adaptive"
+	}
+	return fmt.Sprint(n)
 }

@@ -1,0 +1,218 @@
+package runtime
+
+import (
+	"context"
+	"log/slog"
+	goruntime "runtime"
+	"sync"
+	"time"
+)
+
+// A Pool keeps sandboxes prepared ahead — container made, cgroups and
+// seccomp filter in place, the interpreter started and waiting for its
+// code — so that a call pays only for running its code. Each sandbox is
+// used for exactly one call and then destroyed; the pool makes new ones in
+// the background. A prepared sandbox is the very same as a cold one: cold
+// calls are prepared the same way, just on the call's time.
+//
+// Sizing: a fixed size keeps that many ready. Adaptive keeps as many as
+// the most calls that ran at once in the last window, at least one and at
+// most max, and shrinks to one after an idle window: an idle server holds
+// one sandbox's memory, a busy one as many as it uses.
+
+// PoolConfig configures a Pool.
+type PoolConfig struct {
+	// Prepare makes one sandbox ready for a call.
+	Prepare func(ctx context.Context) (Sandbox, error)
+	// Size is the fixed number of sandboxes kept ready; with Adaptive it
+	// is the most.
+	Size     int
+	Adaptive bool
+	// Window is how far back the adaptive size looks; a minute when 0.
+	Window time.Duration
+	Logger *slog.Logger
+}
+
+// Pool is a set of prepared single-use sandboxes.
+type Pool struct {
+	cfg PoolConfig
+
+	mu      sync.Mutex
+	ready   []Sandbox
+	filling int
+	active  int         // calls that took a sandbox and are not done
+	peaks   []peakEvent // recent concurrency, for the adaptive size
+	closed  bool
+	wake    chan struct{}
+	done    chan struct{}
+	stats   PoolStats
+}
+
+type peakEvent struct {
+	at time.Time
+	n  int
+}
+
+// PoolStats counts what the pool did.
+type PoolStats struct {
+	Warm, Cold, Failed int64
+}
+
+// NewPool starts a pool and its filler.
+func NewPool(cfg PoolConfig) *Pool {
+	if cfg.Window <= 0 {
+		cfg.Window = time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Pool{cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go p.fill()
+	p.poke()
+	return p
+}
+
+// Get returns a prepared sandbox, or prepares one now when none is ready.
+// warm says which. The caller runs it once and closes it; done must be
+// called when the call is over.
+func (p *Pool) Get(ctx context.Context) (sb Sandbox, warm bool, done func(), err error) {
+	p.mu.Lock()
+	p.active++
+	p.peaks = append(p.peaks, peakEvent{time.Now(), p.active})
+	if n := len(p.ready); n > 0 {
+		sb = p.ready[n-1]
+		p.ready = p.ready[:n-1]
+		p.stats.Warm++
+	} else {
+		p.stats.Cold++
+	}
+	p.mu.Unlock()
+	p.poke()
+	done = func() {
+		p.mu.Lock()
+		p.active--
+		p.mu.Unlock()
+		p.poke()
+	}
+	if sb != nil {
+		return sb, true, done, nil
+	}
+	sb, err = p.cfg.Prepare(ctx)
+	if err != nil {
+		done()
+		return nil, false, nil, err
+	}
+	return sb, false, done, nil
+}
+
+// Stats reports how many calls found a sandbox ready, and how many ready.
+func (p *Pool) Stats() (PoolStats, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats, len(p.ready)
+}
+
+// target is how many sandboxes the pool wants ready now.
+func (p *Pool) target(now time.Time) int {
+	if !p.cfg.Adaptive {
+		return p.cfg.Size
+	}
+	peak := 1
+	keep := p.peaks[:0]
+	for _, e := range p.peaks {
+		if now.Sub(e.at) <= p.cfg.Window {
+			keep = append(keep, e)
+			peak = max(peak, e.n)
+		}
+	}
+	p.peaks = keep
+	return min(max(peak, 1), p.cfg.Size)
+}
+
+func (p *Pool) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fill keeps the ready set at its target: it prepares sandboxes, at most
+// as many at once as there are CPUs, and destroys those over the target.
+func (p *Pool) fill() {
+	defer close(p.done)
+	tick := time.NewTicker(p.cfg.Window / 4)
+	defer tick.Stop()
+	parallel := max(1, goruntime.NumCPU())
+	for {
+		select {
+		case <-p.wake:
+		case <-tick.C:
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return
+		}
+		want := p.target(time.Now())
+		var extra []Sandbox
+		for len(p.ready) > want {
+			extra = append(extra, p.ready[0])
+			p.ready = p.ready[1:]
+		}
+		start := 0
+		for len(p.ready)+p.filling+start < want && p.filling+start < parallel {
+			start++
+		}
+		p.filling += start
+		p.mu.Unlock()
+		for _, sb := range extra {
+			go sb.Close()
+		}
+		for range start {
+			go p.prepareOne()
+		}
+	}
+}
+
+func (p *Pool) prepareOne() {
+	sb, err := p.cfg.Prepare(context.Background())
+	p.mu.Lock()
+	p.filling--
+	if err != nil {
+		p.stats.Failed++
+		p.mu.Unlock()
+		p.cfg.Logger.Warn("preparing a sandbox for the pool", "err", err)
+		// No tight loop on a broken host: the next call tries cold, and
+		// the tick tries again.
+		return
+	}
+	if p.closed {
+		p.mu.Unlock()
+		sb.Close()
+		return
+	}
+	p.ready = append(p.ready, sb)
+	n := len(p.ready)
+	p.mu.Unlock()
+	p.cfg.Logger.Debug("sandbox prepared ahead", "ready", n)
+	p.poke()
+}
+
+// Close destroys the ready sandboxes and stops the filler; sandboxes being
+// prepared are destroyed as they come.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	ready := p.ready
+	p.ready = nil
+	p.mu.Unlock()
+	p.poke()
+	<-p.done
+	for _, sb := range ready {
+		sb.Close()
+	}
+}
