@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -85,13 +86,20 @@ func runtimeKinds(t *testing.T) []runtime.Kind {
 	return kinds
 }
 
-// forEachRuntime runs f as a subtest per runtime.
+// forEachRuntime runs f as a subtest per runtime, on sandboxes prepared
+// for each call and, again, on sandboxes a pool prepared ahead ("-pooled"):
+// every property must hold for both.
 func forEachRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 	t.Helper()
 	testenv.Real(t)
 	for _, kind := range runtimeKinds(t) {
 		t.Run(string(kind), func(t *testing.T) {
 			f(t, newHarness(t, kind, policy.DefaultLimits()))
+		})
+		t.Run(string(kind)+"-pooled", func(t *testing.T) {
+			h := newHarness(t, kind, policy.DefaultLimits())
+			h.pooled = true
+			f(t, h)
 		})
 	}
 }
@@ -103,6 +111,55 @@ type harness struct {
 	kind runtime.Kind
 	rt   runtime.Runtime
 	cfg  bundle.Config
+
+	// pooled: calls run on sandboxes a Pool prepared ahead with cfg.
+	pooled  bool
+	pool    *runtime.Pool
+	poolCfg bundle.Config
+	bundles sync.Map // Sandbox → *bundle.Bundle
+}
+
+// pooledSandbox takes a sandbox the pool prepared before the call, making
+// a new pool when the test changed cfg since.
+func (h *harness) pooledSandbox() (runtime.Sandbox, *bundle.Bundle, func()) {
+	h.t.Helper()
+	if h.pool != nil && !reflect.DeepEqual(h.poolCfg, h.cfg) {
+		h.pool.Close()
+		h.pool = nil
+	}
+	if h.pool == nil {
+		h.poolCfg = h.cfg
+		cfg := h.cfg
+		h.pool = runtime.NewPool(runtime.PoolConfig{Size: 1, Prepare: func(ctx context.Context) (runtime.Sandbox, error) {
+			b, err := bundle.New(h.rt.BundleDir(), cfg, uuid.NewString())
+			if err != nil {
+				return nil, err
+			}
+			sb, err := h.rt.Prepare(ctx, b)
+			if err == nil {
+				h.bundles.Store(sb, b)
+			}
+			return sb, err
+		}})
+		pool := h.pool
+		h.t.Cleanup(pool.Close)
+	}
+	// Prepared ahead, not on the call's time.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if st, ready := h.pool.Stats(); ready > 0 {
+			break
+		} else if st.Failed > 0 || time.Now().After(deadline) {
+			h.t.Fatalf("the pool prepared no sandbox (%+v)", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	sb, warm, done, err := h.pool.Get(context.Background())
+	if err != nil || !warm {
+		h.t.Fatalf("pool.Get: warm %v, %v", warm, err)
+	}
+	b, _ := h.bundles.Load(sb)
+	return sb, b.(*bundle.Bundle), done
 }
 
 func newHarness(t *testing.T, kind runtime.Kind, limits policy.Limits) *harness {
@@ -154,12 +211,22 @@ func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, erro
 	for _, f := range opts {
 		f(&o)
 	}
+	req := runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files, Timeout: o.timeout, MaxOutputBytes: o.maxOutput}
+	if h.pooled {
+		sb, b, done := h.pooledSandbox()
+		res, err := sb.Run(o.ctx, req)
+		done()
+		if cerr := sb.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+		h.assertClean(b)
+		return res, err
+	}
 	b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
 	if err != nil {
 		h.t.Fatalf("bundle.New: %v", err)
 	}
-	res, err := runtime.Run(o.ctx, h.rt, b, runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files,
-		Timeout: o.timeout, MaxOutputBytes: o.maxOutput})
+	res, err := runtime.Run(o.ctx, h.rt, b, req)
 	h.assertClean(b)
 	return res, err
 }
