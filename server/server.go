@@ -20,6 +20,8 @@ package server
 import (
 	"context"
 	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -271,7 +273,7 @@ type origin struct {
 // mcpServer returns an MCP server with the exec tool. originOf tells each
 // call's handler what carried it.
 func (s *Server) mcpServer(originOf func(*mcp.CallToolRequest) origin) *mcp.Server {
-	srv := mcp.NewServer(&mcp.Implementation{Name: "mcp-exec", Title: "mcp-exec", Version: s.opts.Version}, &mcp.ServerOptions{
+	srv := mcp.NewServer(&mcp.Implementation{Name: "mcp-exec", Title: "mcp-exec", Version: s.opts.Version, Icons: icons()}, &mcp.ServerOptions{
 		Logger: s.opts.SDKLogger,
 		// The tool list never changes, so there is nothing to notify.
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}, Logging: &mcp.LoggingCapabilities{}},
@@ -285,6 +287,7 @@ func (s *Server) tool() *mcp.Tool {
 	return &mcp.Tool{
 		Name:        "exec",
 		Title:       "Run Python in a sandbox",
+		Icons:       icons(),
 		Description: s.description(),
 		// Written out rather than inferred: the SDK would make the optional
 		// timeout_s ["null","number"], and the ranges are checked by the
@@ -349,6 +352,17 @@ func (s *Server) description() string {
 		b.WriteString(" " + info.Note)
 	}
 	return b.String()
+}
+
+// iconSVG is the server's and the tool's icon (a copy of deploy/icon.svg,
+// which the MCP registry's server.json names).
+//
+//go:embed icon.svg
+var iconSVG []byte
+
+func icons() []mcp.Icon {
+	return []mcp.Icon{{Source: "data:image/svg+xml;base64," + base64.StdEncoding.EncodeToString(iconSVG),
+		MIMEType: "image/svg+xml", Sizes: []string{"any"}}}
 }
 
 // inputError is invalid input: the caller's to fix, its message names the

@@ -228,6 +228,9 @@ func TestToolsList(t *testing.T) {
 			t.Errorf("tools/list: outputSchema.required lacks %s", f)
 		}
 	}
+	if len(tool.Icons) != 1 || !strings.HasPrefix(tool.Icons[0].Source, "data:image/svg+xml;base64,") {
+		t.Errorf("tools/list: icons = %v, want the SVG icon", tool.Icons)
+	}
 	// The description comes from the live configuration.
 	for _, want := range []string{"Python 3.11.2", "no network", "fresh", "256 MiB", "300 s", "1048576 bytes",
 		"numpy, pandas", "/bin/sh"} {

@@ -26,6 +26,7 @@ type config struct {
 	Transport      server.Transport
 	Addr           string
 	AuthToken      string
+	AuthTokenFile  string // read into AuthToken by loadConfig
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
 	MaxOutputBytes int64
@@ -123,6 +124,7 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_TRANSPORT", "transport", "stdio, http or sse", &value[server.Transport]{p: &c.Transport, parse: server.ParseTransport}},
 			setting{"MCP_EXEC_ADDR", "addr", "listen address for http and sse", str(&c.Addr)},
 			setting{"MCP_EXEC_AUTH_TOKEN", "auth-token", "bearer token, required for http and sse (prefer the environment: flags show in ps)", str(&c.AuthToken)},
+			setting{"MCP_EXEC_AUTH_TOKEN_FILE", "auth-token-file", "file holding the bearer token, e.g. a systemd credential or a mounted Secret (instead of MCP_EXEC_AUTH_TOKEN)", str(&c.AuthTokenFile)},
 			setting{"MCP_EXEC_MAX_CONCURRENCY", "max-concurrency", "calls running at once; more wait their turn", integer(&c.MaxConcurrency, 1)},
 			setting{"MCP_EXEC_MAX_QUEUED", "max-queued", "calls waiting for a slot; one more is refused (default 4 × max-concurrency)", integer(&c.MaxQueued, 0)},
 			setting{"MCP_EXEC_PROGRESS_S", "progress", "interval of progress notifications in seconds", seconds(&c.Progress)},
@@ -153,6 +155,9 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) (string, bo
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
+	if err := cfg.readAuthTokenFile(); err != nil {
+		return cfg, err
+	}
 	// The queue's default follows the concurrency, however that was set.
 	_, queuedByEnv := getenv("MCP_EXEC_MAX_QUEUED")
 	queuedByFlag := false
@@ -161,6 +166,29 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) (string, bo
 		cfg.MaxQueued = 4 * cfg.MaxConcurrency
 	}
 	return cfg, cfg.validate(serverOnly)
+}
+
+// readAuthTokenFile moves the token from MCP_EXEC_AUTH_TOKEN_FILE into
+// AuthToken, so that systemd's LoadCredential= and Kubernetes' Secret
+// volumes hand it over without it ever being in an environment block or
+// argv. The trailing newline that editors and "echo" add is not part of the
+// token.
+func (c *config) readAuthTokenFile() error {
+	if c.AuthTokenFile == "" {
+		return nil
+	}
+	if c.AuthToken != "" {
+		return errors.New("MCP_EXEC_AUTH_TOKEN and MCP_EXEC_AUTH_TOKEN_FILE are both set: set one")
+	}
+	data, err := os.ReadFile(c.AuthTokenFile)
+	if err != nil {
+		return fmt.Errorf("MCP_EXEC_AUTH_TOKEN_FILE: reading the token: %w", err)
+	}
+	c.AuthToken = strings.TrimRight(string(data), "\r\n")
+	if c.AuthToken == "" {
+		return fmt.Errorf("MCP_EXEC_AUTH_TOKEN_FILE: %s is empty", c.AuthTokenFile)
+	}
+	return nil
 }
 
 func (c *config) validate(serverOnly bool) error {
