@@ -10,12 +10,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -736,4 +740,100 @@ open("/tmp/mark-%d", "w").close()`, i)}})
 	for _, id := range ids {
 		assertGone(t, stateDir, id)
 	}
+}
+
+// Stateless streamable HTTP scales out: two replicas behind a round-robin
+// proxy serve one client's calls, at the newest protocol version, with
+// progress on the call's own stream; a client that drops its connection
+// mid-call through the proxy gets its container killed.
+func TestBinaryHTTPStatelessReplicas(t *testing.T) {
+	env := []string{"MCP_EXEC_AUTH_TOKEN=" + testToken, "MCP_EXEC_HTTP_STATELESS=true", "MCP_EXEC_PROGRESS_S=0.2"}
+	replicas := []*proc{
+		startServer(t, env, "--transport", "http", "--addr", "127.0.0.1:0"),
+		startServer(t, env, "--transport", "http", "--addr", "127.0.0.1:0"),
+	}
+	var backends []*httputil.ReverseProxy
+	for _, p := range replicas {
+		u, err := url.Parse(p.url(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rp := httputil.NewSingleHostReverseProxy(u)
+		rp.FlushInterval = -1 // streams pass as they come
+		backends = append(backends, rp)
+	}
+	var next atomic.Int64
+	lb := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		backends[next.Add(1)%int64(len(backends))].ServeHTTP(w, r)
+	}))
+	defer lb.Close()
+
+	var mu sync.Mutex
+	var progress int
+	cs := connectHTTP(t, &mcp.StreamableClientTransport{Endpoint: lb.URL + "/mcp", HTTPClient: httpClient("Authorization", "Bearer "+testToken, nil)},
+		&mcp.ClientOptions{ProgressNotificationHandler: func(context.Context, *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			progress++
+			mu.Unlock()
+		}})
+	if v := cs.InitializeResult().ProtocolVersion; v != "2026-07-28" {
+		t.Errorf("protocol version %q through the replicas, want the newest, 2026-07-28", v)
+	}
+	if cs.ID() != "" {
+		t.Errorf("session id %q, want none (stateless)", cs.ID())
+	}
+	for i := range 6 {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": fmt.Sprintf("print(%d)", i)}})
+		if err != nil || res.IsError {
+			t.Fatalf("call %d: %v %v", i, res, err)
+		}
+		if out := decodeOutput(t, res); out.Stdout != fmt.Sprintf("%d\n", i) {
+			t.Errorf("call %d: stdout %q", i, out.Stdout)
+		}
+	}
+	for i, p := range replicas {
+		if n := strings.Count(p.stderr.String(), "msg=exec "); n == 0 {
+			t.Errorf("replica %d served none of the calls", i)
+		}
+	}
+	params := &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "import time; time.sleep(1.2)"}}
+	params.SetProgressToken("p")
+	if _, err := cs.CallTool(context.Background(), params); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if progress < 2 {
+		t.Errorf("%d progress notifications during a 1.2 s call at 0.2 s intervals, want several", progress)
+	}
+	mu.Unlock()
+
+	// A client whose connection drops mid-call: whichever replica has the
+	// call kills its container.
+	d := &dropper{}
+	gone := connectHTTP(t, &mcp.StreamableClientTransport{Endpoint: lb.URL + "/mcp", HTTPClient: httpClient("Authorization", "Bearer "+testToken, d), MaxRetries: -1}, nil)
+	go gone.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "import time; time.sleep(60)"}})
+	deadline := time.Now().Add(20 * time.Second)
+	for containers(replicas) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the call never started on a replica")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.drop()
+	for _, p := range replicas {
+		waitNoContainers(t, p.stateDir, 5*time.Second)
+	}
+	for _, p := range replicas {
+		p.stop(t)
+	}
+}
+
+// containers counts the containers running on replicas.
+func containers(replicas []*proc) int {
+	n := 0
+	for _, p := range replicas {
+		entries, _ := os.ReadDir(filepath.Join(p.stateDir, p.instance, "containers"))
+		n += len(entries)
+	}
+	return n
 }
