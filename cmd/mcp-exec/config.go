@@ -213,8 +213,8 @@ func (c *config) sandboxErrors() []error {
 	if err := c.rootfsOptions().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if (len(c.Packages) > 0 || c.Shell || len(c.Preload) > 0) && (c.Rootfs != "" || c.RootfsImage != "") && c.Runtime != runtime.Process {
-		errs = append(errs, errors.New("MCP_EXEC_PACKAGES, MCP_EXEC_SHELL and MCP_EXEC_PRELOAD build the default rootfs; they cannot change MCP_EXEC_ROOTFS or MCP_EXEC_ROOTFS_IMAGE, which are used as they are"))
+	if (len(c.Packages) > 0 || c.Shell || len(c.Preload) > 0) && c.RootfsImage != "" {
+		errs = append(errs, errors.New("MCP_EXEC_PACKAGES, MCP_EXEC_SHELL and MCP_EXEC_PRELOAD build the default rootfs from the host's packages; they cannot change MCP_EXEC_ROOTFS_IMAGE, whose image brings its own"))
 	}
 	if c.Rootfs != "" && c.RootfsImage != "" {
 		errs = append(errs, errors.New("MCP_EXEC_ROOTFS and MCP_EXEC_ROOTFS_IMAGE both name the rootfs: set one"))

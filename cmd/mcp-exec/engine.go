@@ -134,6 +134,18 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		if err := searchableByOthers(dir); err != nil {
 			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s: %w", errSandboxStart, dir, err)
 		}
+		// A rootfs built with packages (mcp-exec rootfs build --packages,
+		// as the image does): the same settings say what it holds, and the
+		// start-up probe imports it.
+		if o := cfg.rootfsOptions(); len(o.Packages) > 0 || o.Shell {
+			py, err := rootfs.FindPython(ctx, cfg.Python)
+			if err != nil {
+				return nil, fmt.Errorf("%w: finding python (MCP_EXEC_PYTHON) to describe MCP_EXEC_PACKAGES: %w", errSandboxStart, err)
+			}
+			if s.contents, err = rootfs.Describe(py, o); err != nil {
+				return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
+			}
+		}
 	}
 	if cfg.PackagesDir != "" {
 		if packagesMount, err = packagesMountIn(dir, packagesMount); err != nil {
@@ -148,7 +160,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	if cfg.Rootfs != "" || cfg.RootfsImage != "" || cfg.PackagesDir != "" {
 		// A rootfs or packages of the operator's making is proven once per
 		// start.
-		version, err := s.validateRootfs(ctx, s.bundleCfg, nil, nil)
+		version, err := s.validateRootfs(ctx, s.bundleCfg, s.contents.Modules, nil)
 		if err != nil {
 			return nil, fmt.Errorf("%w: the rootfs %s: %w", errSandboxStart, dir, err)
 		}
