@@ -11,9 +11,9 @@
 #     --tmpfs /tmp:rw,noexec,nosuid,size=64m --memory 256m --pids-limit 128 --cpus 1 mcp-exec
 #
 # The full sandbox, a fresh container per call (what `mcp-exec doctor`
-# prints as the fix; --cap-add NET_ADMIN is not needed for runsc):
+# prints as the fix; NET_ADMIN and SYS_PTRACE are not needed for runsc):
 #
-#   docker run --user 0:0 --cap-add SYS_ADMIN --cap-add NET_ADMIN \
+#   docker run --user 0:0 --cap-add SYS_ADMIN --cap-add NET_ADMIN --cap-add SYS_PTRACE \
 #     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
 #     --security-opt systempaths=unconfined \
 #     --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw \

@@ -19,7 +19,7 @@ BIN       := bin/mcp-exec
 
 build: $(BIN)
 
-$(BIN): $(shell find . -name '*.go' -not -path './node_modules/*') go.mod go.sum
+$(BIN): $(shell find . \( -name '*.go' -o -name '*.c' -o -name '*.h' \) -not -path './node_modules/*') go.mod go.sum
 	$(GO) build -tags '$(TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/mcp-exec
 
 # vet also fails on unformatted files: gofmt -l prints them.

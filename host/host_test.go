@@ -87,9 +87,9 @@ func TestFixInContainer(t *testing.T) {
 		docker     []string
 		kubernetes []string
 	}{
-		{Libcontainer, []string{"--user 0:0", "--cap-add SYS_ADMIN", "--cap-add NET_ADMIN", "seccomp=unconfined",
+		{Libcontainer, []string{"--user 0:0", "--cap-add SYS_ADMIN", "--cap-add NET_ADMIN", "--cap-add SYS_PTRACE", "seccomp=unconfined",
 			"apparmor=unconfined", "systempaths=unconfined", "--cgroupns=host", "/sys/fs/cgroup:/sys/fs/cgroup:rw"},
-			[]string{"runAsUser: 0", "SETPCAP", "procMount: Unmasked", "gVisor RuntimeClass"}},
+			[]string{"runAsUser: 0", "SETPCAP", "SYS_PTRACE", "procMount: Unmasked", "gVisor RuntimeClass"}},
 		{Runsc, []string{"--user 0:0", "--cap-add SYS_ADMIN", "seccomp=unconfined"}, []string{"runAsUser: 0", "SYS_CHROOT"}},
 	} {
 		f := FixInContainer(tc.kind)

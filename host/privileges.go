@@ -34,13 +34,17 @@ import (
 const CgroupRoot = "mcp-exec"
 
 // requiredCaps are the effective capabilities each runtime needs, with
-// why. Measured here by dropping one capability at a time from root's
-// bounding set (setpriv --bounding-set=-CAP) and running a sandbox that
-// prints its capability sets and then times out. Two failures were silent
-// and are the reason the list is checked up front: without CAP_SETPCAP
-// libcontainer leaves the code's bounding set full (CapBnd
-// 000001fffefffeff), and without CAP_KILL it cannot kill a timed-out
-// sandbox of uid 65532, so the call hangs.
+// why. Measured here by dropping one
+// capability at a time from root's bounding set (setpriv
+// --bounding-set=-CAP) and running a sandbox that prints its capability
+// sets and then times out; TestExactCapabilities keeps it exact. Two
+// failures were silent and are the reason the list is checked up front:
+// without CAP_SETPCAP libcontainer leaves the code's bounding set full
+// (CapBnd 000001fffefffeff), and without CAP_KILL it cannot kill a
+// timed-out sandbox of uid 65532, so the call hangs. CAP_DAC_OVERRIDE
+// creates the instance's cgroups: a cgroup v1 hierarchy's root is mode
+// 0555. CAP_SYS_PTRACE and CAP_CHOWN come from each libcontainer
+// sandbox's user namespace, whose root is its call slot's own host uid.
 var requiredCaps = map[Runtime][]struct{ name, why string }{
 	Libcontainer: {
 		{"CAP_SYS_ADMIN", "namespaces, mounts, pivot_root"},
@@ -50,6 +54,11 @@ var requiredCaps = map[Runtime][]struct{ name, why string }{
 		{"CAP_SETGID", "switching to gid 65532 and clearing the groups"},
 		{"CAP_SETPCAP", "emptying the code's capability bounding set (without it the set stays full, silently)"},
 		{"CAP_KILL", "killing a timed-out sandbox of uid 65532 (without it the call hangs)"},
+		{"CAP_SYS_PTRACE", "opening the namespaces of processes of a call slot's uid (runc init joins the slot's " +
+			"user namespace, libcontainer the sandbox's mount namespace)"},
+		{"CAP_CHOWN", "handing the container's start FIFO to the sandbox's root, a call slot's uid"},
+		{"CAP_DAC_OVERRIDE", "creating the instance's cgroups in hierarchies whose root is mode 0555, and opening " +
+			"that FIFO, no longer root's"},
 	},
 	Runsc: {
 		{"CAP_SYS_ADMIN", "the namespaces, mounts and cgroups of the sandbox and gofer"},
@@ -57,7 +66,18 @@ var requiredCaps = map[Runtime][]struct{ name, why string }{
 		{"CAP_SETUID", "runsc runs the sandbox as an unprivileged user"},
 		{"CAP_SETGID", "runsc runs the sandbox as an unprivileged group"},
 		{"CAP_KILL", "killing what is left in a call's cgroup"},
+		{"CAP_DAC_OVERRIDE", "creating the instance's cgroups in hierarchies whose root is mode 0555"},
 	},
+}
+
+// RequiredCapabilities names the effective capabilities kind needs
+// (CAP_SYS_ADMIN, …), checked at start.
+func RequiredCapabilities(kind Runtime) []string {
+	var names []string
+	for _, c := range requiredCaps[kind] {
+		names = append(names, c.name)
+	}
+	return names
 }
 
 // ContainerFix is how a server inside a container gets the privileges a
@@ -70,15 +90,16 @@ type ContainerFix struct {
 // FixInContainer returns the minimal engine settings that give kind what it
 // needs when mcp-exec itself runs in a container.
 func FixInContainer(kind Runtime) ContainerFix {
-	// docker's default set has SETUID, SETGID, SETPCAP, SYS_CHROOT, KILL.
-	caps := "--cap-add SYS_ADMIN --cap-add NET_ADMIN"
-	kcaps := "[SYS_ADMIN, NET_ADMIN, SYS_CHROOT, SETUID, SETGID, SETPCAP, KILL]"
+	// docker's default set has SETUID, SETGID, SETPCAP, SYS_CHROOT, KILL,
+	// CHOWN, DAC_OVERRIDE.
+	caps := "--cap-add SYS_ADMIN --cap-add NET_ADMIN --cap-add SYS_PTRACE"
+	kcaps := "[SYS_ADMIN, NET_ADMIN, SYS_PTRACE, SYS_CHROOT, SETUID, SETGID, SETPCAP, KILL, CHOWN, DAC_OVERRIDE]"
 	// A user namespace may mount /proc only where the engine has not
 	// masked parts of its own /proc: systempaths=unconfined, procMount
 	// Unmasked.
 	extra, kextra := " --security-opt systempaths=unconfined", ", procMount: Unmasked"
 	if kind == Runsc {
-		caps, kcaps, extra, kextra = "--cap-add SYS_ADMIN", "[SYS_ADMIN, SYS_CHROOT, SETUID, SETGID, KILL]", "", ""
+		caps, kcaps, extra, kextra = "--cap-add SYS_ADMIN", "[SYS_ADMIN, SYS_CHROOT, SETUID, SETGID, KILL, DAC_OVERRIDE]", "", ""
 	}
 	return ContainerFix{
 		Docker: "docker run --user 0:0 " + caps + " --security-opt seccomp=unconfined --security-opt apparmor=unconfined" + extra +

@@ -891,6 +891,10 @@ static int sandbox_init(int argc, char **argv) {
 // until its stdin closes.
 static int userns_hold(void) {
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	// Not dumpable: its /proc files are then root's, so the server writes
+	// its uid_map without CAP_DAC_OVERRIDE; and no process of the slot's
+	// uid (the code's, on the host) could read or trace it.
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	if (unshare(CLONE_NEWUSER) < 0) {
 		char buf[256];
 		int n = snprintf(buf, sizeof buf, "error: unshare(CLONE_NEWUSER): %s\n", strerror(errno));

@@ -238,7 +238,7 @@ func TestPrivilegedVariant(t *testing.T) {
 	if sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.RunAsNonRoot == nil || *sc.RunAsNonRoot {
 		t.Errorf("runAsUser %s, runAsNonRoot %s: want 0 and false", show(sc.RunAsUser), show(sc.RunAsNonRoot))
 	}
-	wantCaps := []string{"KILL", "NET_ADMIN", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN", "SYS_CHROOT"}
+	wantCaps := []string{"CHOWN", "DAC_OVERRIDE", "KILL", "NET_ADMIN", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE"}
 	if got := capNames(sc.Capabilities.Add); !slices.Equal(got, wantCaps) {
 		t.Errorf("capabilities.add = %v, want exactly %v", got, wantCaps)
 	}
@@ -343,7 +343,7 @@ func TestPodSecurityLevels(t *testing.T) {
 	want := []string{
 		`forbidden AppArmor profile: container "mcp-exec" must not set AppArmor profile type to "Unconfined"`,
 		`hostPath volumes: volume "cgroup"`,
-		`non-default capabilities: container "mcp-exec" must not include "NET_ADMIN", "SYS_ADMIN" in securityContext.capabilities.add`,
+		`non-default capabilities: container "mcp-exec" must not include "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE" in securityContext.capabilities.add`,
 		`seccompProfile: container "mcp-exec" must not set securityContext.seccompProfile.type to "Unconfined"`,
 	}
 	if !slices.Equal(got, want) {

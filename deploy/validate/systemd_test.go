@@ -127,13 +127,10 @@ func TestSystemdUnitSecurity(t *testing.T) {
 		"AmbientCapabilities":               true,
 		// Capabilities the server never needs.
 		"CapabilityBoundingSet_CAP_SYS_MODULE":                      true,
-		"CapabilityBoundingSet_CAP_SYS_PTRACE":                      true,
 		"CapabilityBoundingSet_CAP_SYS_RAWIO":                       true,
 		"CapabilityBoundingSet_CAP_SYS_TIME":                        true,
 		"CapabilityBoundingSet_CAP_BPF":                             true,
 		"CapabilityBoundingSet_CAP_MKNOD":                           true,
-		"CapabilityBoundingSet_CAP_DAC_FOWNER_IPC_OWNER":            true,
-		"CapabilityBoundingSet_CAP_CHOWN_FSETID_SETFCAP":            true,
 		"CapabilityBoundingSet_CAP_NET_BIND_SERVICE_BROADCAST_RAW)": true,
 		// Left out on purpose: each breaks the sandbox (see the unit).
 		"ProtectKernelTunables":   false, // mounts over /proc
@@ -145,6 +142,11 @@ func TestSystemdUnitSecurity(t *testing.T) {
 		"SystemCallFilter_mount":  false, // each sandbox's mounts
 		"MemoryDenyWriteExecute":  false, // ctypes, libffi
 		"RestrictNamespaces_user": false, // each sandbox's user namespace
+		// Needed (see the unit): SYS_PTRACE and CHOWN for each sandbox's
+		// user namespace, DAC_OVERRIDE for the cgroups.
+		"CapabilityBoundingSet_CAP_SYS_PTRACE":           false,
+		"CapabilityBoundingSet_CAP_DAC_FOWNER_IPC_OWNER": false,
+		"CapabilityBoundingSet_CAP_CHOWN_FSETID_SETFCAP": false,
 	}
 	for field, w := range want {
 		g, ok := got[field]
@@ -296,10 +298,12 @@ exec /lib/systemd/systemd --unit=mcp-exec.service
 		}
 		want := map[string]string{
 			"NoNewPrivs": "1",
-			// CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SETPCAP, CAP_NET_ADMIN,
-			// CAP_SYS_CHROOT, CAP_SYS_ADMIN: bits 5, 6, 7, 8, 12, 18, 21.
-			"CapBnd": "00000000002411e0",
-			"CapEff": "00000000002411e0",
+			// CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_KILL, CAP_SETGID,
+			// CAP_SETUID, CAP_SETPCAP, CAP_NET_ADMIN, CAP_SYS_CHROOT,
+			// CAP_SYS_PTRACE, CAP_SYS_ADMIN: bits 0, 1, 5, 6, 7, 8, 12, 18,
+			// 19, 21.
+			"CapBnd": "00000000002c11e3",
+			"CapEff": "00000000002c11e3",
 			"CapAmb": "0000000000000000",
 		}
 		for key, w := range want {

@@ -40,7 +40,7 @@ import (
 // per-call sandbox nested in a container.
 var privileged = []string{
 	"--user", "0:0",
-	"--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
+	"--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN", "--cap-add", "SYS_PTRACE",
 	"--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
 	"--security-opt", "systempaths=unconfined",
 	"--cgroupns=host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
