@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	goruntime "runtime"
+	"slices"
 	"sync"
 	"time"
 )
@@ -22,8 +23,9 @@ import (
 
 // PoolConfig configures a Pool.
 type PoolConfig struct {
-	// Prepare makes one sandbox ready for a call.
-	Prepare func(ctx context.Context) (Sandbox, error)
+	// Prepare makes one sandbox ready for a call: ahead of it for the
+	// pool (bundle.Config.Ahead), or for a call waiting now.
+	Prepare func(ctx context.Context, ahead bool) (Sandbox, error)
 	// Size is the fixed number of sandboxes kept ready; with Adaptive it
 	// is the most.
 	Size     int
@@ -40,6 +42,11 @@ type Pool struct {
 	mu      sync.Mutex
 	ready   []Sandbox
 	filling int
+	// waiting are calls that found none ready while some were being
+	// prepared: each takes the next one to finish, which is sooner than
+	// one it would start itself, and costs no second preparation. There
+	// are never more than filling.
+	waiting []chan Sandbox
 	active  int         // calls that took a sandbox and are not done
 	peaks   []peakEvent // recent concurrency, for the adaptive size
 	closed  bool
@@ -72,19 +79,22 @@ func NewPool(cfg PoolConfig) *Pool {
 	return p
 }
 
-// Get returns a prepared sandbox, or prepares one now when none is ready.
-// warm says which. The caller runs it once and closes it; done must be
-// called when the call is over.
+// Get returns a prepared sandbox: one ready, else the next of those being
+// prepared, else one prepared now. warm says it was prepared ahead. The
+// caller runs it once and closes it; done must be called when the call is
+// over.
 func (p *Pool) Get(ctx context.Context) (sb Sandbox, warm bool, done func(), err error) {
 	p.mu.Lock()
 	p.active++
 	p.peaks = append(p.peaks, peakEvent{time.Now(), p.active})
+	var wait chan Sandbox
 	if n := len(p.ready); n > 0 {
 		sb = p.ready[n-1]
 		p.ready = p.ready[:n-1]
 		p.stats.Warm++
-	} else {
-		p.stats.Cold++
+	} else if p.filling > len(p.waiting) && !p.closed {
+		wait = make(chan Sandbox, 1)
+		p.waiting = append(p.waiting, wait)
 	}
 	p.mu.Unlock()
 	p.poke()
@@ -94,10 +104,38 @@ func (p *Pool) Get(ctx context.Context) (sb Sandbox, warm bool, done func(), err
 		p.mu.Unlock()
 		p.poke()
 	}
+	if wait != nil {
+		select {
+		case sb = <-wait:
+		case <-ctx.Done():
+			p.mu.Lock()
+			if i := slices.Index(p.waiting, wait); i >= 0 {
+				p.waiting = slices.Delete(p.waiting, i, i+1)
+			} else if sb = <-wait; sb != nil && !p.closed {
+				// Handed over as we gave up: it stays ready for another.
+				p.ready = append(p.ready, sb)
+				sb = nil
+			}
+			p.mu.Unlock()
+			if sb != nil {
+				sb.Close()
+			}
+			done()
+			return nil, false, nil, ctx.Err()
+		}
+	}
 	if sb != nil {
+		if wait != nil {
+			p.mu.Lock()
+			p.stats.Warm++
+			p.mu.Unlock()
+		}
 		return sb, true, done, nil
 	}
-	sb, err = p.cfg.Prepare(ctx)
+	p.mu.Lock()
+	p.stats.Cold++
+	p.mu.Unlock()
+	sb, err = p.cfg.Prepare(ctx, false)
 	if err != nil {
 		done()
 		return nil, false, nil, err
@@ -175,15 +213,28 @@ func (p *Pool) fill() {
 }
 
 func (p *Pool) prepareOne() {
-	sb, err := p.cfg.Prepare(context.Background())
+	sb, err := p.cfg.Prepare(context.Background(), true)
 	p.mu.Lock()
 	p.filling--
 	if err != nil {
 		p.stats.Failed++
+		// A waiter this preparation would have served prepares its own.
+		if n := len(p.waiting); n > p.filling {
+			p.waiting[n-1] <- nil
+			p.waiting = p.waiting[:n-1]
+		}
 		p.mu.Unlock()
 		p.cfg.Logger.Warn("preparing a sandbox for the pool", "err", err)
 		// No tight loop on a broken host: the next call tries cold, and
 		// the tick tries again.
+		return
+	}
+	if len(p.waiting) > 0 {
+		w := p.waiting[0]
+		p.waiting = p.waiting[1:]
+		w <- sb
+		p.mu.Unlock()
+		p.poke()
 		return
 	}
 	if p.closed {
@@ -209,6 +260,11 @@ func (p *Pool) Close() {
 	p.closed = true
 	ready := p.ready
 	p.ready = nil
+	// Waiters prepare their own (and fail: the runtime is closing).
+	for _, w := range p.waiting {
+		w <- nil
+	}
+	p.waiting = nil
 	p.mu.Unlock()
 	p.poke()
 	<-p.done

@@ -1,0 +1,204 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The pool's bookkeeping, on sandboxes that are only tokens (the sandbox
+// properties of pooled sandboxes are tested on real ones in the harness).
+
+type tokenSandbox struct {
+	id     int
+	closed atomic.Bool
+}
+
+func (s *tokenSandbox) Run(context.Context, Request) (Result, error) { return Result{}, nil }
+func (s *tokenSandbox) Close() error                                 { s.closed.Store(true); return nil }
+
+// gatedPrepare prepares sandbox n once release(n, err) is called.
+type gatedPrepare struct {
+	mu      sync.Mutex
+	calls   int
+	gates   map[int]chan error
+	started chan int
+}
+
+func newGatedPrepare() *gatedPrepare {
+	return &gatedPrepare{started: make(chan int, 16), gates: map[int]chan error{}}
+}
+
+func (g *gatedPrepare) gate(n int) chan error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.gates[n] == nil {
+		g.gates[n] = make(chan error, 1)
+	}
+	return g.gates[n]
+}
+
+func (g *gatedPrepare) release(n int, err error) { g.gate(n) <- err }
+
+func (g *gatedPrepare) prepare(ctx context.Context, _ bool) (Sandbox, error) {
+	g.mu.Lock()
+	g.calls++
+	n := g.calls
+	g.mu.Unlock()
+	g.started <- n
+	select {
+	case err := <-g.gate(n):
+		if err != nil {
+			return nil, err
+		}
+		return &tokenSandbox{id: n}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (g *gatedPrepare) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls
+}
+
+func waitStarted(t *testing.T, g *gatedPrepare, want int) {
+	t.Helper()
+	select {
+	case n := <-g.started:
+		if n != want {
+			t.Fatalf("preparation %d started, want %d", n, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("preparation %d never started", want)
+	}
+}
+
+// waitWaiting waits until n calls wait for a preparation.
+func waitWaiting(t *testing.T, p *Pool, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.mu.Lock()
+		w := len(p.waiting)
+		p.mu.Unlock()
+		if w == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls wait for a preparation, want %d", w, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type got struct {
+	sb   Sandbox
+	warm bool
+	err  error
+}
+
+func getAsync(p *Pool, ctx context.Context) chan got {
+	ch := make(chan got, 1)
+	go func() {
+		sb, warm, done, err := p.Get(ctx)
+		if done != nil {
+			done()
+		}
+		ch <- got{sb, warm, err}
+	}()
+	return ch
+}
+
+// A call that finds none ready while one is being prepared takes that one
+// when it is done, rather than start a second preparation.
+func TestPoolCallWaitsForPreparation(t *testing.T) {
+	g := newGatedPrepare()
+	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	defer p.Close()
+	waitStarted(t, g, 1)
+	res := getAsync(p, context.Background())
+	waitWaiting(t, p, 1)
+	g.release(1, nil)
+	r := <-res
+	if r.err != nil || !r.warm || r.sb.(*tokenSandbox).id != 1 {
+		t.Fatalf("Get = %+v, want sandbox 1, warm", r)
+	}
+	// The refill is the second preparation; none other started.
+	waitStarted(t, g, 2)
+	if n := g.count(); n != 2 {
+		t.Errorf("%d preparations, want 2 (the first served the call, the second refills)", n)
+	}
+	g.release(2, nil)
+}
+
+// When the preparation a call waits for fails, the call prepares its own.
+func TestPoolWaiterPreparesWhenPreparationFails(t *testing.T) {
+	g := newGatedPrepare()
+	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	defer p.Close()
+	waitStarted(t, g, 1)
+	res := getAsync(p, context.Background())
+	waitWaiting(t, p, 1)
+	g.release(1, errors.New("broken host"))
+	waitStarted(t, g, 2) // the call's own
+	g.release(2, nil)
+	r := <-res
+	if r.err != nil || r.sb == nil || r.warm {
+		t.Fatalf("Get = %+v, want a sandbox prepared for the call (cold)", r)
+	}
+}
+
+// A waiting call that is cancelled returns at once; the sandbox it waited
+// for stays ready for the next call.
+func TestPoolWaiterCancelled(t *testing.T) {
+	g := newGatedPrepare()
+	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	defer p.Close()
+	waitStarted(t, g, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	res := getAsync(p, ctx)
+	waitWaiting(t, p, 1)
+	cancel()
+	if r := <-res; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("cancelled Get = %+v, want context.Canceled", r)
+	}
+	g.release(1, nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, ready := p.Stats(); ready == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the prepared sandbox never became ready")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	sb, warm, done, err := p.Get(context.Background())
+	if err != nil || !warm || sb.(*tokenSandbox).id != 1 {
+		t.Fatalf("Get = %v %v %v, want sandbox 1, warm", sb, warm, err)
+	}
+	done()
+}
+
+// Close ends a waiting call and destroys what was ready.
+func TestPoolCloseEndsWaiters(t *testing.T) {
+	g := newGatedPrepare()
+	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	waitStarted(t, g, 1)
+	res := getAsync(p, context.Background())
+	waitWaiting(t, p, 1)
+	go p.Close()
+	// The waiter falls back to preparing its own, as a call on a closed
+	// runtime would, and fails there.
+	waitStarted(t, g, 2)
+	g.release(2, errors.New("runtime is closed"))
+	if r := <-res; r.err == nil {
+		t.Fatalf("Get after Close = %+v, want an error", r)
+	}
+	g.release(1, nil) // the first preparation ends; Close destroys it
+}
