@@ -77,6 +77,10 @@ type Config struct {
 	// read-only at PackagesMount, a mount point the rootfs has.
 	PackagesDir   string
 	PackagesMount string
+	// Ahead marks a sandbox prepared before its call (for a pool): it
+	// starts at policy.CPUSharesPreparing, and the runtime gives it
+	// policy.CPUSharesCall when the call begins.
+	Ahead bool
 }
 
 // Bundle is a bundle directory on disk and the spec written into it.

@@ -181,6 +181,10 @@ func withResources(s *specs.Spec, cfg Config) {
 	quota := cfg.Limits.CPUQuotaUs()
 	period := uint64(policy.CPUPeriodUs)
 	r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	if cfg.Ahead {
+		shares := uint64(policy.CPUSharesPreparing)
+		r.CPU.Shares = &shares
+	}
 	s.Linux.Resources = r
 }
 

@@ -76,6 +76,16 @@ func (l Limits) Validate() error {
 // CPUPeriodUs is the CFS period the CPU quota is expressed in.
 const CPUPeriodUs = 100_000
 
+// Relative CPU weights (cgroup v1 cpu.shares; runc maps them to v2's
+// cpu.weight). A sandbox prepared ahead of its call starts at the lowest,
+// so that preparing it takes CPU only from no running call, and gets the
+// ordinary weight back when its call begins. The quota is the limit
+// either way; the weight only orders contending sandboxes.
+const (
+	CPUSharesPreparing = 2
+	CPUSharesCall      = 1024
+)
+
 // CPUQuotaUs converts the CPU limit into a CFS quota per CPUPeriodUs.
 func (l Limits) CPUQuotaUs() int64 {
 	return int64(l.CPUs * CPUPeriodUs)

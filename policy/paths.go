@@ -8,7 +8,7 @@ import "strings"
 // drive the host kernel (sysrq-trigger), or name keys and secrets (keys),
 // or identify and describe the host (its kernel command line, boot id,
 // disks, modules, devices, memory layout and pressure) without any use to
-// a Python program. What stays readable, and why, is in the README: cpu
+// a Python program. What stays readable, and why, is in docs/sandbox.md: cpu
 // and memory totals (os.cpu_count and psutil read /proc/stat and
 // /proc/meminfo), uptime and load, the kernel version (uname(2) gives it
 // anyway).

@@ -7,6 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/opencontainers/cgroups"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/inhuman/mcp-exec/policy"
 )
 
 // cgroupVerdict fills the verdict's OOM and pids flags, peak memory and CPU time from
@@ -39,6 +44,23 @@ func cgroupVerdict(paths map[string]string, res *Result) {
 	} else if p, ok := paths[""]; ok {
 		res.CPUThrottled = time.Duration(readKeyed(filepath.Join(p, "cpu.stat"), "throttled_usec")) * time.Microsecond
 	}
+}
+
+// preparedAhead says whether b's sandbox waits at the preparing CPU
+// weight (bundle.Config.Ahead).
+func preparedAhead(s *specs.Spec) bool {
+	return s.Linux != nil && s.Linux.Resources != nil && s.Linux.Resources.CPU != nil &&
+		s.Linux.Resources.CPU.Shares != nil && *s.Linux.Resources.CPU.Shares == policy.CPUSharesPreparing
+}
+
+// cgroupForeground gives a call's cgroup the ordinary CPU weight.
+func cgroupForeground(paths map[string]string) error {
+	if p, ok := paths["cpu"]; ok {
+		return os.WriteFile(filepath.Join(p, "cpu.shares"), []byte(strconv.Itoa(policy.CPUSharesCall)), 0)
+	} else if p, ok := paths[""]; ok {
+		return os.WriteFile(filepath.Join(p, "cpu.weight"), []byte(strconv.FormatUint(cgroups.ConvertCPUSharesToCgroupV2Value(policy.CPUSharesCall), 10)), 0)
+	}
+	return nil
 }
 
 // cgroupCPU is the CPU time all processes of a call's cgroups have used so

@@ -581,3 +581,54 @@ func backstopServer(t *testing.T, stateDir string, kind runtime.Kind) {
 	sb.Run(context.Background(), runtime.Request{Code: []byte("import time; time.sleep(1000)"), Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
 	t.Fatal("the call ended before the server was killed")
 }
+
+// A sandbox prepared ahead waits at the lowest CPU weight, so that
+// preparing it slows no running call, and has the ordinary weight by the
+// time its code runs: the host's cgroup file says so, read while the code
+// sleeps.
+func TestPreparedSandboxGetsCallWeight(t *testing.T) {
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, policy.DefaultLimits())
+			cfg := h.cfg
+			cfg.Ahead = true
+			b, err := bundle.New(h.rt.BundleDir(), cfg, uuid.NewString())
+			if err != nil {
+				t.Fatal(err)
+			}
+			sb, err := h.rt.Prepare(context.Background(), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sb.Close()
+			weight := func() string {
+				for _, pattern := range []string{"/sys/fs/cgroup/cpu/*/*/" + b.ID + "/cpu.shares", "/sys/fs/cgroup/cpu,cpuacct/*/*/" + b.ID + "/cpu.shares",
+					"/sys/fs/cgroup/*/*/" + b.ID + "/cpu.weight"} {
+					if m, _ := filepath.Glob(pattern); len(m) == 1 {
+						data, _ := os.ReadFile(m[0])
+						return filepath.Base(m[0]) + "=" + strings.TrimSpace(string(data))
+					}
+				}
+				return "no cgroup"
+			}
+			if got, want := weight(), fmt.Sprintf("cpu.shares=%d", policy.CPUSharesPreparing); got != want && got != "cpu.weight=1" {
+				t.Errorf("prepared ahead, waiting: %s, want %s (or cpu.weight=1)", got, want)
+			}
+			done := make(chan runtime.Result, 1)
+			go func() {
+				res, err := sb.Run(context.Background(), runtime.Request{Code: []byte("import time\ntime.sleep(3)\nprint('ran')"),
+					Timeout: 60 * time.Second, MaxOutputBytes: 1 << 20})
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+				done <- res
+			}()
+			want := fmt.Sprintf("cpu.shares=%d", policy.CPUSharesCall)
+			waitCond(t, 20*time.Second, "the running call's cgroup to have the ordinary CPU weight",
+				func() bool { w := weight(); return w == want || w == "cpu.weight=100" })
+			if res := <-done; string(res.Stdout) != "ran\n" {
+				t.Errorf("the call printed %q, want \"ran\\n\"", res.Stdout)
+			}
+		})
+	}
+}

@@ -130,7 +130,9 @@ func (h *harness) pooledSandbox() (runtime.Sandbox, *bundle.Bundle, func()) {
 	if h.pool == nil {
 		h.poolCfg = h.cfg
 		cfg := h.cfg
-		h.pool = runtime.NewPool(runtime.PoolConfig{Size: 1, Prepare: func(ctx context.Context) (runtime.Sandbox, error) {
+		h.pool = runtime.NewPool(runtime.PoolConfig{Size: 1, Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
+			cfg := cfg
+			cfg.Ahead = ahead
 			b, err := bundle.New(h.rt.BundleDir(), cfg, uuid.NewString())
 			if err != nil {
 				return nil, err

@@ -301,6 +301,13 @@ func (sb *lcSandbox) sockets() (int64, int64, bool) { return cgroupSockets(sb.cg
 
 func (sb *lcSandbox) cpu() time.Duration { return cgroupCPU(sb.cgPaths) }
 
+func (sb *lcSandbox) foreground() error {
+	if !preparedAhead(sb.b.Spec) {
+		return nil
+	}
+	return cgroupForeground(sb.cgPaths)
+}
+
 // Close kills and destroys the container and removes its bundle. It runs
 // whatever state Run left, under its own deadline.
 func (sb *lcSandbox) Close() error {

@@ -293,7 +293,10 @@ func (sb *procSandbox) kill() {
 func (sb *procSandbox) verdict(*Result)               {}
 func (sb *procSandbox) cpu() time.Duration            { return 0 }
 func (sb *procSandbox) sockets() (int64, int64, bool) { return 0, 0, false }
-func (sb *procSandbox) Close() error                  { return sb.closer.do("process "+sb.b.ID, sb.teardown) }
+
+// foreground: no cgroup, no weight; a prepared process waits idle.
+func (sb *procSandbox) foreground() error { return nil }
+func (sb *procSandbox) Close() error      { return sb.closer.do("process "+sb.b.ID, sb.teardown) }
 
 func (sb *procSandbox) teardown() error {
 	sb.kill()

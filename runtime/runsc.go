@@ -333,6 +333,13 @@ func (sb *runscSandbox) cpu() time.Duration {
 	return cgroupCPU(sb.cg.paths)
 }
 
+func (sb *runscSandbox) foreground() error {
+	if sb.cg == nil || !preparedAhead(sb.b.Spec) {
+		return nil
+	}
+	return cgroupForeground(sb.cg.paths)
+}
+
 func (sb *runscSandbox) verdict(res *Result) {
 	if sb.cg != nil {
 		sb.cg.stats(res)

@@ -100,6 +100,9 @@ type container interface {
 	// and their bound, where they are counted apart from the memory limit
 	// (cgroup v1); ok is false elsewhere.
 	sockets() (used, limit int64, ok bool)
+	// foreground gives a container prepared ahead the CPU weight of a
+	// running call (policy.CPUSharesCall).
+	foreground() error
 }
 
 // socketPoll is how often the supervision reads a container's socket
@@ -329,6 +332,9 @@ func (s *session) failure() string {
 // deadline past which an outside watchdog may kill the container.
 func supervise(ctx context.Context, c container, s *session, req Request, arm func(deadline time.Time)) (Result, error) {
 	var res Result
+	if err := c.foreground(); err != nil {
+		return res, fmt.Errorf("%w: giving the sandbox a call's CPU weight: %w", ErrSandbox, err)
+	}
 	s.send(req)
 
 	var (

@@ -358,7 +358,11 @@ func (s *engine) startPool(cfg config) {
 		return
 	}
 	pc := runtime.PoolConfig{Size: cfg.PoolSize, Logger: s.log,
-		Prepare: func(ctx context.Context) (runtime.Sandbox, error) { return s.prepare(ctx, s.bundleCfg) }}
+		Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
+			cfg := s.bundleCfg
+			cfg.Ahead = ahead
+			return s.prepare(ctx, cfg)
+		}}
 	if cfg.PoolSize < 0 {
 		pc.Size, pc.Adaptive = cfg.MaxConcurrency, true
 	}
