@@ -104,6 +104,14 @@ func bench(ctx context.Context, o options, log io.Writer) (*Report, error) {
 	return rep, nil
 }
 
+// paced labels a snippet timed one call per gap.
+func paced(code string, gap time.Duration) string {
+	if gap <= 0 {
+		return code
+	}
+	return fmt.Sprintf("%s, one call per %v", code, gap)
+}
+
 func progress(log io.Writer, format string, args ...any) {
 	fmt.Fprintf(log, "mcp-exec-bench: "+format+"\n", args...)
 }
@@ -141,10 +149,24 @@ func measureRuntime(ctx context.Context, o options, kind, python string, log io.
 		return r
 	}
 
+	type timing struct {
+		sn  snippet
+		gap time.Duration
+	}
+	var timings []timing
 	for _, sn := range snippets {
-		progress(log, "%s: latency of %s, bare then sandbox", kind, sn.Code)
-		b := measureLatency(ctx, sn.Code, o.N, o.Warmup, pythonCaller(python, sn))
-		l := measureLatency(ctx, sn.Code, o.N, o.Warmup, srv.caller(sn))
+		timings = append(timings, timing{sn, 0})
+	}
+	// Back to back, a call finds the pool still refilling from the one
+	// before; an agent calls far less often, and finds it full.
+	if o.Pace > 0 {
+		timings = append(timings, timing{printOne, o.Pace})
+	}
+	for _, tm := range timings {
+		label := paced(tm.sn.Code, tm.gap)
+		progress(log, "%s: latency of %s, bare then sandbox", kind, label)
+		b := measureLatency(ctx, label, o.N, o.Warmup, tm.gap, pythonCaller(python, tm.sn))
+		l := measureLatency(ctx, label, o.N, o.Warmup, tm.gap, srv.caller(tm.sn))
 		if l.Summary != nil && b.Summary != nil {
 			l.RatioP50 = ratio(l.P50MS, b.P50MS)
 			l.RatioP95 = ratio(l.P95MS, b.P95MS)
@@ -201,7 +223,7 @@ func measurePackages(ctx context.Context, o options, kind, python string, log io
 	if _, err := call(ctx); err != nil {
 		bare.Skipped = fmt.Sprintf("the host's %s cannot import them: %v", python, err)
 	} else {
-		*bare = measureLatency(ctx, sn.Code, o.N, max(o.Warmup-1, 0), call)
+		*bare = measureLatency(ctx, paced(sn.Code, o.Pace), o.N, max(o.Warmup-1, 0), o.Pace, call)
 	}
 
 	pkgs := "MCP_EXEC_PACKAGES=" + strings.Join(o.Packages, ",")
@@ -221,7 +243,7 @@ func measurePackages(ctx context.Context, o options, kind, python string, log io
 		return bare, &Latency{Snippet: sn.Code, Skipped: fmt.Sprintf("the server took %s but the import failed: %v", pkgs, err)}
 	}
 	progress(log, "%s: latency of %s, sandbox", kind, sn.Code)
-	l := measureLatency(ctx, sn.Code, o.N, max(o.Warmup-1, 0), call)
+	l := measureLatency(ctx, paced(sn.Code, o.Pace), o.N, max(o.Warmup-1, 0), o.Pace, call)
 	if l.Summary != nil && bare.Summary != nil {
 		l.RatioP50 = ratio(l.P50MS, bare.P50MS)
 		l.RatioP95 = ratio(l.P95MS, bare.P95MS)

@@ -1,6 +1,7 @@
 // Command mcp-exec-bench measures what a client of mcp-exec sees. For each
 // runtime it starts the real server (mcp-exec serve, stdio transport),
-// drives it with the official Go MCP client, and reports exec latency,
+// drives it with the official Go MCP client, and reports exec latency
+// (calls back to back, and one call per --pace as an agent makes them),
 // throughput at several concurrencies and the server's memory. In the same
 // run it measures the bare baseline the same way — a fresh stock
 // /usr/bin/python3 -c CODE per call — and prints every figure next to it as
@@ -57,6 +58,8 @@ type options struct {
 	Concurrency    []int         `json:"concurrency"`
 	Settle         time.Duration `json:"-"`
 	SettleS        float64       `json:"settle_s"`
+	Pace           time.Duration `json:"-"`
+	PaceS          float64       `json:"pace_s"`
 	Packages       []string      `json:"packages,omitempty"`
 	Env            []string      `json:"env,omitempty"`
 	JSON           string        `json:"-"`
@@ -75,6 +78,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.CallsPerWorker, "calls", 0, "calls per worker for throughput instead of --duration (0: use --duration)")
 	concurrency := fs.String("concurrency", "1,2,4,8", "comma-separated numbers of parallel callers for throughput")
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "pause before the idle memory sample")
+	fs.DurationVar(&o.Pace, "pace", time.Second, "also time print(1) (and the packages' import) one call per `D`, as an agent calls, besides back to back (0: don't)")
 	packages := fs.String("packages", "", "comma-separated packages (PyPI names) passed as MCP_EXEC_PACKAGES; measures importing them")
 	fs.Func("env", "`KEY=VAL` for the server's environment (repeatable), e.g. MCP_EXEC_POOL_SIZE=0", func(s string) error {
 		k, _, ok := strings.Cut(s, "=")
@@ -105,6 +109,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("--runtimes: none given")
 	case o.N < 1:
 		return o, fmt.Errorf("--n must be ≥ 1, got %d", o.N)
+	case o.Pace < 0:
+		return o, fmt.Errorf("--pace must be ≥ 0, got %v", o.Pace)
 	case o.Warmup < 0:
 		return o, fmt.Errorf("--warmup must be ≥ 0, got %d", o.Warmup)
 	case o.CallsPerWorker < 0:
@@ -114,7 +120,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	case o.Settle < 0:
 		return o, fmt.Errorf("--settle must be ≥ 0, got %v", o.Settle)
 	}
-	o.DurationS, o.SettleS = o.Duration.Seconds(), o.Settle.Seconds()
+	o.DurationS, o.SettleS, o.PaceS = o.Duration.Seconds(), o.Settle.Seconds(), o.Pace.Seconds()
 	return o, nil
 }
 

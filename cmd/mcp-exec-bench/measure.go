@@ -110,7 +110,7 @@ func timed(ctx context.Context, call caller) (time.Duration, outcome, error) {
 
 // measureLatency makes warmup untimed calls, then n timed ones, one at a
 // time. A failed call, warm-up or not, is counted as an error and not timed.
-func measureLatency(ctx context.Context, code string, n, warmup int, call caller) Latency {
+func measureLatency(ctx context.Context, code string, n, warmup int, gap time.Duration, call caller) Latency {
 	var t tally
 	for range warmup {
 		if ctx.Err() != nil {
@@ -121,7 +121,8 @@ func measureLatency(ctx context.Context, code string, n, warmup int, call caller
 		}
 	}
 	for range n {
-		if ctx.Err() != nil {
+		// Untimed: what the caller does between calls.
+		if gap > 0 && !pause(ctx, gap) || ctx.Err() != nil {
 			break
 		}
 		t.add(timed(ctx, call))

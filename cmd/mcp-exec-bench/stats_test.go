@@ -95,7 +95,7 @@ func TestMeasureCountsFailures(t *testing.T) {
 		}
 		return outcome{durationMS: 5, hasDur: true, runtime: "libcontainer"}, nil
 	}
-	l := measureLatency(context.Background(), "x", 9, 3, call) // 12 calls: 1 warm-up and 3 timed ones fail
+	l := measureLatency(context.Background(), "x", 9, 3, 0, call) // 12 calls: 1 warm-up and 3 timed ones fail
 	if l.N != 6 || l.Errors != 4 || len(l.ErrorSamples) != 4 || l.Summary == nil {
 		t.Errorf("measureLatency: n = %d, errors = %d, samples = %d, summary = %v; want 6, 4, 4, non-nil", l.N, l.Errors, len(l.ErrorSamples), l.Summary)
 	}
@@ -110,7 +110,7 @@ func TestMeasureCountsFailures(t *testing.T) {
 	}
 
 	never := func(context.Context) (outcome, error) { return outcome{}, errors.New("refused") }
-	if l := measureLatency(context.Background(), "x", 3, 0, never); l.Summary != nil || l.N != 0 || l.Errors != 3 {
+	if l := measureLatency(context.Background(), "x", 3, 0, 0, never); l.Summary != nil || l.N != 0 || l.Errors != 3 {
 		t.Errorf("measureLatency of failing calls: n = %d, errors = %d, summary = %+v; want 0, 3, nil", l.N, l.Errors, l.Summary)
 	}
 }
