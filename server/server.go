@@ -378,6 +378,7 @@ var errBusy = errors.New("server busy")
 // are tool errors (isError); whatever the code did is a result.
 func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHandlerFor[execInput, execOutput] {
 	return func(ctx context.Context, req *mcp.CallToolRequest, in execInput) (*mcp.CallToolResult, execOutput, error) {
+		began := time.Now()
 		o := originOf(req)
 		rec := s.newRecord(o.client, in)
 		root, ok := s.enter()
@@ -403,7 +404,7 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		s.opts.Audit.write(rec)
 		s.log.Info("exec", "call", rec.CallID, "client", rec.Client, "code_bytes", rec.CodeBytes,
 			"stdin_bytes", rec.StdinBytes, "exit_code", res.ExitCode, "timed_out", res.TimedOut,
-			"oom_killed", res.OOMKilled, "duration", res.Duration, "pooled", res.Pooled, "err", err)
+			"oom_killed", res.OOMKilled, "duration", res.Duration, "pooled", res.Pooled, "took", time.Since(began), "err", err)
 
 		var inErr *inputError
 		switch {
