@@ -27,6 +27,7 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/capability.h>
 
@@ -46,7 +47,7 @@
 #define I_STARTED 'S' // the code is handed over: it runs from now
 #define I_STDOUT 'O'
 #define I_STDERR 'E'
-#define I_EXIT 'X'   // u32 wait status, u64 stdout total, u64 stderr total
+#define I_EXIT 'X'   // u32 wait status, u64 stdout total, u64 stderr total, u64 ns the code ran
 #define I_OUTFILE 'F' // u16 path length, path, u64 size, data
 #define I_SKIPPED 'T' // an output file was left out for the limits
 #define I_DONE 'D'
@@ -651,6 +652,10 @@ static int sandbox_init(int argc, char **argv) {
 	int exited = 0, out_eof = 0, err_eof = 0;
 	int status = 0;
 	uint64_t out_total = 0, err_total = 0;
+	// When the code had all of itself, and when its main process ended:
+	// measured here, not where the host reads the frames, which a busy
+	// host may read together.
+	struct timespec t_started = {0}, t_exited = {0};
 	unsigned char chunk[CHUNK];
 
 	for (;;) {
@@ -800,6 +805,7 @@ static int sandbox_init(int argc, char **argv) {
 				close(fifo);
 				fifo = -1;
 				started = 1;
+				clock_gettime(CLOCK_MONOTONIC, &t_started);
 				frame(I_STARTED, NULL, 0);
 			}
 		}
@@ -856,6 +862,7 @@ static int sandbox_init(int argc, char **argv) {
 				if (w == child && !exited) {
 					exited = 1;
 					status = st;
+					clock_gettime(CLOCK_MONOTONIC, &t_exited);
 					// The code's main process is done: so is the rest of it.
 					kill_all();
 				}
@@ -875,10 +882,14 @@ static int sandbox_init(int argc, char **argv) {
 		if (w < 0)
 			break;
 	}
-	unsigned char x[4 + 8 + 8];
+	unsigned char x[4 + 8 + 8 + 8];
 	put_u32(x, (uint32_t)status);
 	put_u64(x + 4, out_total);
 	put_u64(x + 12, err_total);
+	int64_t ran = 0;
+	if (started && exited)
+		ran = (int64_t)(t_exited.tv_sec - t_started.tv_sec) * 1000000000 + (t_exited.tv_nsec - t_started.tv_nsec);
+	put_u64(x + 20, ran > 0 ? (uint64_t)ran : 0);
 	frame(I_EXIT, x, sizeof x);
 	as_user(&c, export_outputs, NULL);
 	frame(I_DONE, NULL, 0);

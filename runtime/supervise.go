@@ -125,6 +125,7 @@ type event struct {
 	status   syscall.WaitStatus
 	outTotal int64
 	errTotal int64
+	ran      time.Duration // exit: how long the code ran, by the init's clock
 	msg      string
 }
 
@@ -193,12 +194,13 @@ func (s *session) read(from *os.File) {
 		case iSkipped:
 			s.skipped = true
 		case iExit:
-			if n < 20 {
+			if n < 28 {
 				s.events <- event{kind: iError, msg: "the init sent a short exit frame"}
 				return
 			}
 			s.events <- event{kind: iExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
-				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:]))}
+				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:])),
+				ran: time.Duration(binary.BigEndian.Uint64(payload[20:]))}
 		case iError:
 			s.events <- event{kind: iError, msg: string(payload)}
 		default:
@@ -377,7 +379,7 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 				}
 			case iExit:
 				exitEv = &ev
-				res.Duration = ev.at.Sub(start)
+				res.Duration = ev.ran
 				cpu1 = c.cpu()
 				stopTimer()
 				timer = nil
