@@ -34,7 +34,9 @@ func requireRun(t *testing.T) (server string) {
 		t.Skip(missing)
 	}
 	server = filepath.Join(t.TempDir(), "mcp-exec")
-	cmd := exec.Command("go", "build", "-tags", "seccomp", "-o", server, "github.com/inhuman/mcp-exec/cmd/mcp-exec")
+	// As make build does: the binary is also the sandbox's init, which
+	// must be static.
+	cmd := exec.Command("go", "build", "-tags", "seccomp netgo osusergo", "-ldflags=-extldflags=-static", "-o", server, "github.com/inhuman/mcp-exec/cmd/mcp-exec")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building mcp-exec: %v\n%s", err, out)
