@@ -48,6 +48,68 @@ func sharedRootfs() (string, error) {
 	return shared.rootfs, shared.err
 }
 
+// batteries is the rootfs with what MCP_EXEC_PACKAGES (mcp-exec 0.5.4's
+// set) and MCP_EXEC_SHELL add, with the environment its packages need,
+// built once per test binary.
+var batteries struct {
+	once     sync.Once
+	rootfs   string
+	env      []string
+	mount    string
+	err      error
+	missing  bool
+	packages []string
+}
+
+// batteryPackages is mcp-exec 0.5.4's set, what the image enables.
+var batteryPackages = []string{"numpy", "pandas", "matplotlib", "pillow", "pyyaml", "jinja2"}
+
+func batteriesRootfs() {
+	batteries.once.Do(func() {
+		py, err := rootfs.FindPython(context.Background(), "")
+		if err != nil {
+			batteries.err = err
+			return
+		}
+		opts := rootfs.Options{Packages: batteryPackages, Shell: true}
+		contents, err := rootfs.Describe(py, opts)
+		if err != nil {
+			// The host lacks a package: the error is the apt-get line.
+			batteries.err, batteries.missing = err, true
+			return
+		}
+		batteries.env, batteries.mount = contents.Env, rootfs.PackagesDirMountPoint(py)
+		batteries.rootfs, batteries.err = rootfs.Ensure(context.Background(), py, opts, rootfs.DefaultCacheDir(), nil)
+	})
+}
+
+// probePackage is the module of the packages dir the batteries harness
+// mounts (MCP_EXEC_PACKAGES_DIR).
+const probePackage = "mcp_exec_probe_pkg"
+
+// withBatteries makes h's sandboxes run on the batteries rootfs with a
+// packages dir mounted.
+func withBatteries(t *testing.T, h *harness) {
+	t.Helper()
+	batteriesRootfs()
+	if batteries.err != nil {
+		need(t, "the rootfs with packages and a shell could not be built: %v", batteries.err)
+	}
+	dir := filepath.Join(t.TempDir(), "pydeps")
+	if err := os.MkdirAll(filepath.Join(dir, probePackage), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, probePackage, "__init__.py"), []byte("VALUE = 42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{filepath.Dir(dir), dir, filepath.Join(dir, probePackage)} {
+		os.Chmod(d, 0o755)
+	}
+	h.cfg.Rootfs = batteries.rootfs
+	h.cfg.Env = append(h.cfg.Env, batteries.env...)
+	h.cfg.PackagesDir, h.cfg.PackagesMount = dir, batteries.mount
+}
+
 // testRootfs is the one helper that decides whether sandbox tests can run
 // here, and returns the rootfs they use.
 func testRootfs(t *testing.T) string {
@@ -87,8 +149,9 @@ func runtimeKinds(t *testing.T) []runtime.Kind {
 }
 
 // forEachRuntime runs f as a subtest per runtime, on sandboxes prepared
-// for each call and, again, on sandboxes a pool prepared ahead ("-pooled"):
-// every property must hold for both.
+// for each call, again on sandboxes a pool prepared ahead ("-pooled"), and
+// again on the rootfs with packages and a shell, a packages dir mounted
+// ("-batteries"): every property must hold for all.
 func forEachRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 	t.Helper()
 	testenv.Real(t)
@@ -99,6 +162,12 @@ func forEachRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 		t.Run(string(kind)+"-pooled", func(t *testing.T) {
 			h := newHarness(t, kind, policy.DefaultLimits())
 			h.pooled = true
+			f(t, h)
+		})
+		// With what the batteries add: packages, a packages dir, a shell.
+		t.Run(string(kind)+"-batteries", func(t *testing.T) {
+			h := newHarness(t, kind, policy.DefaultLimits())
+			withBatteries(t, h)
 			f(t, h)
 		})
 	}
