@@ -55,7 +55,7 @@ func TestRun(t *testing.T) {
 	defer cancel()
 	// Two levels rather than four: the test checks the report, and the
 	// machine is shared.
-	args := []string{"--server", server, "--n", "3", "--warmup", "1", "--duration", "1s", "--concurrency", "1,8", "--settle", "100ms", "--packages", "numpy", "--json", out}
+	args := []string{"--server", server, "--n", "3", "--warmup", "1", "--duration", "1s", "--concurrency", "1,8", "--settle", "100ms", "--pace", "50ms", "--packages", "numpy", "--json", out}
 	if code := run(ctx, args, &stdout, &stderr); code != 0 {
 		t.Fatalf("mcp-exec-bench %s: exit status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, &stdout, &stderr)
 	}
@@ -93,7 +93,8 @@ func TestRun(t *testing.T) {
 		}
 		measured[kind] = true
 		j.has(r, "server_version", "start_s", "python_version", "latency", "idle_memory", "throughput", "packages")
-		for _, l := range j.list(r, "latency", 2) {
+		// Two snippets back to back, and print(1) paced.
+		for _, l := range j.list(r, "latency", 3) {
 			j.has(l, "snippet", "n", "errors", "p50_ms", "p95_ms", "mean_ms", "min_ms", "ratio_p50", "ratio_p95", "duration_ms_mean", "runtime_seen")
 			j.equal(l, "n", 3.0)
 			j.equal(l, "errors", 0.0)
@@ -112,7 +113,7 @@ func TestRun(t *testing.T) {
 
 		base := j.obj(r, "baseline")
 		j.has(base, "latency", "throughput", "packages")
-		for _, l := range j.list(base, "latency", 2) {
+		for _, l := range j.list(base, "latency", 3) {
 			j.has(l, "snippet", "n", "errors", "p50_ms", "p95_ms", "mean_ms", "min_ms", "max_ms")
 			j.equal(l, "n", 3.0)
 			j.equal(l, "errors", 0.0)

@@ -43,13 +43,15 @@ export async function freePort() {
 
 // The environment a server gets: ours, minus anything MCP_EXEC_* the caller
 // may have exported (tests must not depend on the operator's settings), plus
-// the given overrides.
+// the given overrides. No pool: the tests check that a call's sandbox is
+// gone by finding none of the instance's, and a pool keeps prepared ones
+// (the Go tests cover the pool: TestBinaryPool, the pooled property suite).
 export function serverEnv(extra = {}) {
   const env = {};
   for (const [k, v] of Object.entries(process.env)) {
     if (!k.startsWith('MCP_EXEC_')) env[k] = v;
   }
-  return { ...env, ...extra };
+  return { ...env, MCP_EXEC_POOL_SIZE: '0', ...extra };
 }
 
 // startServer runs `mcp-exec serve --transport http|sse` on a free loopback
