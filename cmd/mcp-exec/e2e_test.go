@@ -730,6 +730,12 @@ open("/tmp/mark-%d", "w").close()`, i)}})
 			t.Errorf("call %d saw /tmp %q, want only an empty outputs dir", i, out.Stdout)
 		}
 	}
+	// The server's log reaches us through a pipe and a copying goroutine,
+	// so the last call's line may trail its result: wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(stderr.String(), "msg=exec ") < 4 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if n := strings.Count(stderr.String(), "pooled=true"); n != 4 {
 		t.Errorf("%d of 4 calls ran on a prepared sandbox, want 4:\n%s", n, stderr.String())
 	}
@@ -791,6 +797,12 @@ func TestBinaryHTTPStatelessReplicas(t *testing.T) {
 			t.Errorf("call %d: stdout %q", i, out.Stdout)
 		}
 	}
+	// Logs trail results through a pipe; a replica has had its turns once
+	// both have logged six calls between them.
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(replicas[0].stderr.String()+replicas[1].stderr.String(), "msg=exec ") < 6 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	for i, p := range replicas {
 		if n := strings.Count(p.stderr.String(), "msg=exec "); n == 0 {
 			t.Errorf("replica %d served none of the calls", i)
@@ -812,7 +824,7 @@ func TestBinaryHTTPStatelessReplicas(t *testing.T) {
 	d := &dropper{}
 	gone := connectHTTP(t, &mcp.StreamableClientTransport{Endpoint: lb.URL + "/mcp", HTTPClient: httpClient("Authorization", "Bearer "+testToken, d), MaxRetries: -1}, nil)
 	go gone.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "import time; time.sleep(60)"}})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline = time.Now().Add(20 * time.Second)
 	for containers(replicas) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the call never started on a replica")
