@@ -227,7 +227,15 @@ func measurePackages(ctx context.Context, o options, kind, python string, log io
 	}
 
 	pkgs := "MCP_EXEC_PACKAGES=" + strings.Join(o.Packages, ",")
-	env, _ := serverEnv(os.Environ(), o, "MCP_EXEC_RUNTIME="+kind, pkgs)
+	extra := []string{"MCP_EXEC_RUNTIME=" + kind, pkgs}
+	label := sn.Code
+	if o.Preload {
+		mods := strings.ReplaceAll(strings.TrimPrefix(sn.Code, "import "), " ", "")
+		extra = append(extra, "MCP_EXEC_PRELOAD="+mods)
+		pkgs += " MCP_EXEC_PRELOAD=" + mods
+		label += ", preloaded"
+	}
+	env, _ := serverEnv(os.Environ(), o, extra...)
 	progress(log, "%s: starting a server with %s", kind, pkgs)
 	srv, err := startServer(ctx, o.Server, env)
 	if err != nil {
@@ -243,7 +251,7 @@ func measurePackages(ctx context.Context, o options, kind, python string, log io
 		return bare, &Latency{Snippet: sn.Code, Skipped: fmt.Sprintf("the server took %s but the import failed: %v", pkgs, err)}
 	}
 	progress(log, "%s: latency of %s, sandbox", kind, sn.Code)
-	l := measureLatency(ctx, paced(sn.Code, o.Pace), o.N, max(o.Warmup-1, 0), o.Pace, call)
+	l := measureLatency(ctx, paced(label, o.Pace), o.N, max(o.Warmup-1, 0), o.Pace, call)
 	if l.Summary != nil && bare.Summary != nil {
 		l.RatioP50 = ratio(l.P50MS, bare.P50MS)
 		l.RatioP95 = ratio(l.P95MS, bare.P95MS)

@@ -61,6 +61,7 @@ type options struct {
 	Pace           time.Duration `json:"-"`
 	PaceS          float64       `json:"pace_s"`
 	Packages       []string      `json:"packages,omitempty"`
+	Preload        bool          `json:"preload,omitempty"`
 	Env            []string      `json:"env,omitempty"`
 	JSON           string        `json:"-"`
 }
@@ -80,6 +81,7 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.Settle, "settle", 2*time.Second, "pause before the idle memory sample")
 	fs.DurationVar(&o.Pace, "pace", time.Second, "also time print(1) (and the packages' import) one call per `D`, as an agent calls, besides back to back (0: don't)")
 	packages := fs.String("packages", "", "comma-separated packages (PyPI names) passed as MCP_EXEC_PACKAGES; measures importing them")
+	fs.BoolVar(&o.Preload, "preload", false, "with --packages, the packages' server also imports them ahead in its prepared sandboxes (MCP_EXEC_PRELOAD)")
 	fs.Func("env", "`KEY=VAL` for the server's environment (repeatable), e.g. MCP_EXEC_POOL_SIZE=0", func(s string) error {
 		k, _, ok := strings.Cut(s, "=")
 		if !ok || k == "" {

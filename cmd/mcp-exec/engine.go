@@ -325,6 +325,8 @@ func packagesMountIn(rootfsDir, known string) (string, error) {
 	return "/" + rel, nil
 }
 
+const preloadPrefix = "MCP_EXEC_PRELOAD"
+
 // validateRootfs runs the interpreter inside a real sandbox and returns its
 // version: a rootfs that cannot run Python there, or import what it is said
 // to hold, is refused.
@@ -333,7 +335,15 @@ func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
 	// probe's first line; site only warns when one fails.
 	probe := "import sys\n"
 	for _, m := range preload {
-		probe += fmt.Sprintf("if %q not in sys.modules: sys.exit('MCP_EXEC_PRELOAD: %s was not imported at start')\n", m, m)
+		// Say why: the import's own error, not site's "Remainder of
+		// file ignored".
+		probe += fmt.Sprintf(`if %[1]q not in sys.modules:
+    try:
+        __import__(%[1]q)
+    except BaseException as e:
+        sys.exit(f"%[2]s: %[1]s cannot be imported in the sandbox: {type(e).__name__}: {e}; is its package in MCP_EXEC_PACKAGES (or the packages dir)?")
+    sys.exit("%[2]s: %[1]s imports, but the interpreter did not import it as it started")
+`, m, preloadPrefix)
 	}
 	probe += "import json, sqlite3, ssl, decimal, ctypes, multiprocessing\n"
 	for _, m := range modules {
@@ -343,6 +353,9 @@ func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
 	res, err := s.runWith(ctx, bcfg, runtime.Request{Code: []byte(probe), Timeout: 120 * time.Second, MaxOutputBytes: 64 << 10})
 	if err != nil {
 		return "", err
+	}
+	if line := lastLines(res.Stderr, 1); res.ExitCode == 1 && strings.HasPrefix(line, preloadPrefix+": ") {
+		return "", errors.New(line)
 	}
 	if res.ExitCode != 0 || res.TimedOut {
 		return "", fmt.Errorf("python did not start in the sandbox (exit %d, timed out %v): %s",

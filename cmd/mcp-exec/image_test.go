@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -310,5 +311,114 @@ func TestBinaryBatteries(t *testing.T) {
 			}
 			t.Logf("%s: CSV in, chart out: %d ms in the sandbox, peak %d MiB", kind, out.DurationMS, out.PeakMemoryBytes>>20)
 		})
+	}
+}
+
+// MCP_EXEC_PRELOAD: a prepared sandbox's interpreter has imported the
+// modules before the call, and nothing else differs from a cold start that
+// imports them itself; each call still gets an interpreter no other call
+// touched. A preload the rootfs cannot import is refused with the import's
+// own error.
+func TestBinaryPreload(t *testing.T) {
+	requireSandbox(t)
+	ctx := context.Background()
+	py, err := rootfs.FindPython(ctx, "")
+	if err != nil {
+		testenv.Missing(t, "no host python3: %v", err)
+	}
+	if _, err := rootfs.Describe(py, rootfs.Options{Packages: []string{"numpy"}}); err != nil {
+		testenv.Missing(t, "the host lacks numpy: %v", err)
+	}
+
+	t.Run("not importable", func(t *testing.T) {
+		cmd := exec.Command(binaryPath(t), "serve")
+		cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), "MCP_EXEC_PRELOAD=numpy")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		cmd.Stdin = strings.NewReader("")
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || !strings.Contains(stderr.String(), "MCP_EXEC_PRELOAD: numpy cannot be imported in the sandbox: ModuleNotFoundError") {
+			t.Errorf("serve with MCP_EXEC_PRELOAD=numpy and no packages: %v, %q; want a refusal with the import's error", err, &stderr)
+		}
+	})
+
+	modules := func(env []string, code string, wantPooled bool) (map[string]bool, *mcp.ClientSession, *syncBuffer) {
+		t.Helper()
+		stderr := &syncBuffer{}
+		cmd := exec.Command(binaryPath(t), "serve", "-v")
+		cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), env...)
+		cmd.Stderr = stderr
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		if err != nil {
+			t.Fatalf("starting the server with %v: %v\n%s", env, err, stderr)
+		}
+		t.Cleanup(func() { cs.Close() })
+		if wantPooled {
+			deadline := time.Now().Add(60 * time.Second)
+			for !strings.Contains(stderr.String(), "sandbox prepared ahead") {
+				if time.Now().After(deadline) {
+					t.Fatalf("no sandbox prepared ahead within 60 s:\n%s", stderr)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": code}})
+		if err != nil || res.IsError {
+			t.Fatalf("exec: %v, %+v\n%s", err, res, stderr)
+		}
+		out := decodeOutput(t, res)
+		var names []string
+		if err := json.Unmarshal([]byte(out.Stdout), &names); err != nil || out.ExitCode != 0 {
+			t.Fatalf("stdout %q stderr %q: %v", out.Stdout, out.Stderr, err)
+		}
+		set := map[string]bool{}
+		for _, n := range names {
+			set[n] = true
+		}
+		return set, cs, stderr
+	}
+	cold, _, _ := modules([]string{"MCP_EXEC_PACKAGES=numpy"},
+		"import sys, json, numpy\nprint(json.dumps(sorted(sys.modules)))", false)
+	// json is imported after sys.modules is read, as the cold probe's
+	// json is part of what it imports anyway.
+	warm, cs, stderr := modules([]string{"MCP_EXEC_PACKAGES=numpy", "MCP_EXEC_PRELOAD=numpy", "MCP_EXEC_POOL_SIZE=1"},
+		"import sys\nnames = sorted(sys.modules)\nimport json, numpy\nnumpy.touched_by_a_call = True\nopen('/tmp/mark', 'w').close()\nprint(json.dumps(names))", true)
+	if !warm["numpy"] {
+		t.Errorf("numpy is not in sys.modules before the code imports it")
+	}
+	for n := range warm {
+		if !cold[n] {
+			t.Errorf("%s is in a preloaded interpreter's sys.modules but not in a cold one's that imported numpy", n)
+		}
+	}
+	for n := range cold {
+		if !warm[n] && n != "json" && !strings.HasPrefix(n, "json.") && n != "_json" {
+			t.Errorf("%s is in a cold interpreter's sys.modules after importing numpy, but not in a preloaded one's", n)
+		}
+	}
+	// The next call gets another interpreter: nothing the first did to
+	// numpy or /tmp is there.
+	deadline := time.Now().Add(60 * time.Second)
+	for strings.Count(stderr.String(), "sandbox prepared ahead") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not refill within 60 s:\n%s", stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{
+		"code": "import os, sys\nprint(hasattr(sys.modules['numpy'], 'touched_by_a_call'), sorted(os.listdir('/tmp')))"}})
+	if err != nil || res.IsError {
+		t.Fatalf("exec: %v, %+v", err, res)
+	}
+	if out := decodeOutput(t, res); out.Stdout != "False ['outputs']\n" {
+		t.Errorf("the second call saw %q (stderr %q), want numpy untouched and /tmp empty", out.Stdout, out.Stderr)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for strings.Count(stderr.String(), "msg=exec ") < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := strings.Count(stderr.String(), "pooled=true"); n != 2 {
+		t.Errorf("%d of 2 calls ran on a prepared sandbox, want 2:\n%s", n, stderr)
 	}
 }
