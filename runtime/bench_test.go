@@ -1,8 +1,11 @@
 package runtime_test
 
 import (
+	"bytes"
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"syscall"
 	"testing"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
 )
 
@@ -93,3 +97,84 @@ func medianInt(v []int64) int64 {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkAgainstRuncCLI puts the in-process libcontainer runtime beside
+// runc's own CLI running the same bundle: the same spec (rootfs, mounts,
+// namespaces, seccomp, cgroup limits), with the code as the container's
+// process instead of our init, so runc does only what it does for any
+// container. It reports medians of a cold call of each (prepare, run and
+// teardown for ours), and bare python3 measured in the same loop.
+// crun is not compared: it refuses containers on cgroup v1 hybrid hosts
+// like the one this was written on.
+func BenchmarkAgainstRuncCLI(b *testing.B) {
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		b.Skip("runc's CLI is not installed (apt-get install runc)")
+	}
+	dir := benchRootfs(b)
+	rt, err := runtime.New(runtime.Libcontainer, runtime.Config{StateDir: b.TempDir() + "/state"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rt.Close()
+	cfg := testBundleConfig(dir, rt, policy.DefaultLimits())
+	runcRoot := b.TempDir()
+	b.Cleanup(func() {
+		// runc removes each container's cgroup, not the parent it made.
+		dirs, _ := filepath.Glob("/sys/fs/cgroup/*/mcp-exec-bench-runc")
+		more, _ := filepath.Glob("/sys/fs/cgroup/*/*/mcp-exec-bench-runc")
+		for _, d := range append(dirs, more...) {
+			os.Remove(d)
+		}
+	})
+	var ours, theirs, base []time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		bd, err := bundle.New(rt.BundleDir(), cfg, uuid.NewString())
+		if err != nil {
+			b.Fatal(err)
+		}
+		sb, err := rt.Prepare(context.Background(), bd)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := sb.Run(context.Background(), runtime.Request{Code: []byte("print(1)"), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+		if err != nil || string(res.Stdout) != "1\n" {
+			b.Fatalf("run: %v %q %q", err, res.Stdout, res.Stderr)
+		}
+		if err := sb.Close(); err != nil {
+			b.Fatal(err)
+		}
+		ours = append(ours, time.Since(t0))
+
+		t1 := time.Now()
+		id := uuid.NewString()
+		rb, err := bundle.New(b.TempDir(), cfg, id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rb.Spec.Process.Args = []string{rootfs.PythonPath, "-c", "print(1)"}
+		rb.Spec.Linux.CgroupsPath = "/mcp-exec-bench-runc/" + id
+		if err := rb.WriteSpec(); err != nil {
+			b.Fatal(err)
+		}
+		var stderr bytes.Buffer
+		cmd := exec.Command(runc, "--root", runcRoot, "run", "--bundle", rb.Dir, id)
+		cmd.Stderr = &stderr // runc warns of the kernel memory (TCP) limit
+		if out, err := cmd.Output(); err != nil || string(out) != "1\n" {
+			b.Fatalf("runc run: %v %q %s", err, out, &stderr)
+		}
+		theirs = append(theirs, time.Since(t1))
+		rb.Remove()
+
+		t2 := time.Now()
+		if out, err := exec.Command("/usr/bin/python3", "-c", "print(1)").Output(); err != nil || string(out) != "1\n" {
+			b.Fatalf("baseline: %v %q", err, out)
+		}
+		base = append(base, time.Since(t2))
+	}
+	b.ReportMetric(ms(median(ours)), "libcontainer-ms")
+	b.ReportMetric(ms(median(theirs)), "runc-run-ms")
+	b.ReportMetric(ms(median(base)), "python3-ms")
+	b.ReportMetric(float64(median(ours))/float64(median(theirs)), "x-runc-run")
+}
