@@ -21,6 +21,10 @@ import (
 // most max, and shrinks to one after an idle window: an idle server holds
 // one sandbox's memory, a busy one as many as it uses.
 
+// refillAfter is how long a call that took a ready sandbox runs alone
+// before the pool starts replacing it, if the call has not ended by then.
+const refillAfter = 100 * time.Millisecond
+
 // PoolConfig configures a Pool.
 type PoolConfig struct {
 	// Prepare makes one sandbox ready for a call: ahead of it for the
@@ -52,7 +56,11 @@ type Pool struct {
 	closed  bool
 	wake    chan struct{}
 	done    chan struct{}
-	stats   PoolStats
+	// parallel is how many sandboxes are prepared at once at most.
+	parallel int
+	// refillDelay is refillAfter, but for tests.
+	refillDelay time.Duration
+	stats       PoolStats
 }
 
 type peakEvent struct {
@@ -73,7 +81,7 @@ func NewPool(cfg PoolConfig) *Pool {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	p := &Pool{cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	p := &Pool{cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{}), parallel: max(1, goruntime.NumCPU()), refillDelay: refillAfter}
 	go p.fill()
 	p.poke()
 	return p
@@ -88,21 +96,33 @@ func (p *Pool) Get(ctx context.Context) (sb Sandbox, warm bool, done func(), err
 	p.active++
 	p.peaks = append(p.peaks, peakEvent{time.Now(), p.active})
 	var wait chan Sandbox
+	took := false
 	if n := len(p.ready); n > 0 {
 		sb = p.ready[n-1]
 		p.ready = p.ready[:n-1]
 		p.stats.Warm++
+		took = true
 	} else if p.filling > len(p.waiting) && !p.closed {
 		wait = make(chan Sandbox, 1)
 		p.waiting = append(p.waiting, wait)
 	}
 	p.mu.Unlock()
-	p.poke()
+	if took {
+		// Preparing the replacement costs several times the CPU of a short
+		// call: started now, it would slow this call down. It starts when
+		// the call ends (done), or after refillAfter for a longer call.
+		time.AfterFunc(p.refillDelay, p.poke)
+	} else {
+		p.poke()
+	}
 	done = func() {
 		p.mu.Lock()
 		p.active--
 		p.mu.Unlock()
-		p.poke()
+		// Started here, not by the filler later: a call that comes right
+		// after this one finds the replacement under way and waits for it
+		// rather than preparing a second.
+		p.topUp()
 	}
 	if wait != nil {
 		select {
@@ -180,36 +200,45 @@ func (p *Pool) fill() {
 	defer close(p.done)
 	tick := time.NewTicker(p.cfg.Window / 4)
 	defer tick.Stop()
-	parallel := max(1, goruntime.NumCPU())
 	for {
 		select {
 		case <-p.wake:
 		case <-tick.C:
 		}
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
+		if !p.topUp() {
 			return
 		}
-		want := p.target(time.Now())
-		var extra []Sandbox
-		for len(p.ready) > want {
-			extra = append(extra, p.ready[0])
-			p.ready = p.ready[1:]
-		}
-		start := 0
-		for len(p.ready)+p.filling+start < want && p.filling+start < parallel {
-			start++
-		}
-		p.filling += start
-		p.mu.Unlock()
-		for _, sb := range extra {
-			go sb.Close()
-		}
-		for range start {
-			go p.prepareOne()
-		}
 	}
+}
+
+// topUp starts preparing what the ready set lacks, at most as many at once
+// as there are CPUs, and destroys what it holds over the target. It
+// reports false once the pool is closed.
+func (p *Pool) topUp() bool {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return false
+	}
+	want := p.target(time.Now())
+	var extra []Sandbox
+	for len(p.ready) > want {
+		extra = append(extra, p.ready[0])
+		p.ready = p.ready[1:]
+	}
+	start := 0
+	for len(p.ready)+p.filling+start < want && p.filling+start < p.parallel {
+		start++
+	}
+	p.filling += start
+	p.mu.Unlock()
+	for _, sb := range extra {
+		go sb.Close()
+	}
+	for range start {
+		go p.prepareOne()
+	}
+	return true
 }
 
 func (p *Pool) prepareOne() {

@@ -202,3 +202,68 @@ func TestPoolCloseEndsWaiters(t *testing.T) {
 	}
 	g.release(1, nil) // the first preparation ends; Close destroys it
 }
+
+// A call that took a ready sandbox has its replacement started when it
+// ends — before done returns, so a call right after it waits for that one
+// rather than preparing its own — or, if it runs long, while it runs.
+func TestPoolRefillsAfterTheCall(t *testing.T) {
+	g := newGatedPrepare()
+	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	defer p.Close()
+	waitStarted(t, g, 1)
+	g.release(1, nil)
+	waitReady(t, p, 1)
+
+	p.mu.Lock()
+	p.refillDelay = time.Hour
+	p.mu.Unlock()
+	sb, warm, done, err := p.Get(context.Background())
+	if err != nil || !warm || sb.(*tokenSandbox).id != 1 {
+		t.Fatalf("Get = %v, %v, %v; want sandbox 1, warm", sb, warm, err)
+	}
+	done()
+	p.mu.Lock()
+	filling := p.filling
+	p.mu.Unlock()
+	if filling != 1 {
+		t.Fatalf("after the call: %d being prepared, want 1", filling)
+	}
+	next := getAsync(p, context.Background())
+	waitWaiting(t, p, 1)
+	waitStarted(t, g, 2)
+	g.release(2, nil)
+	if r := <-next; r.err != nil || !r.warm || r.sb.(*tokenSandbox).id != 2 {
+		t.Fatalf("the next call got %+v, want the replacement (2), warm", r)
+	}
+	waitStarted(t, g, 3)
+	g.release(3, nil)
+	waitReady(t, p, 1)
+
+	// A long call: its replacement starts while it runs.
+	p.mu.Lock()
+	p.refillDelay = time.Millisecond
+	p.mu.Unlock()
+	_, _, done, err = p.Get(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	waitStarted(t, g, 4)
+	g.release(4, nil)
+}
+
+// waitReady waits until n sandboxes are ready.
+func waitReady(t *testing.T, p *Pool, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, r := p.Stats(); r == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			_, r := p.Stats()
+			t.Fatalf("%d sandboxes ready, want %d", r, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
