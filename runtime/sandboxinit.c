@@ -474,6 +474,39 @@ static int export_outputs(const struct config *c, void *arg) {
 	return 0;
 }
 
+// outputs_empty says whether the outputs dir is there and holds nothing,
+// as most calls leave it: then there is nothing to export and no child to
+// fork for it. It only lists the one directory, whose name it does not
+// follow; anything else (an error, a link, an entry) means "export", which
+// runs as the code's user and decides for itself.
+static int outputs_empty(const struct config *c) {
+	int work = open(c->workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (work < 0)
+		return 0;
+	int fd = openat(work, "outputs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	close(work);
+	if (fd < 0)
+		return 0;
+	DIR *d = fdopendir(fd);
+	if (d == NULL) {
+		close(fd);
+		return 0;
+	}
+	int empty = 1;
+	struct dirent *e;
+	errno = 0;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+			empty = 0;
+			break;
+		}
+	}
+	if (errno != 0)
+		empty = 0;
+	closedir(d);
+	return empty;
+}
+
 static pid_t code_group; // the process runtime: the code's process group
 
 // kill_all kills every process of the code. As pid 1 of the sandbox's pid
@@ -891,7 +924,8 @@ static int sandbox_init(int argc, char **argv) {
 		ran = (int64_t)(t_exited.tv_sec - t_started.tv_sec) * 1000000000 + (t_exited.tv_nsec - t_started.tv_nsec);
 	put_u64(x + 20, ran > 0 ? (uint64_t)ran : 0);
 	frame(I_EXIT, x, sizeof x);
-	as_user(&c, export_outputs, NULL);
+	if (!outputs_empty(&c))
+		as_user(&c, export_outputs, NULL);
 	frame(I_DONE, NULL, 0);
 	return 0;
 }

@@ -346,7 +346,8 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 		exitEv    *event
 		cpu0      time.Duration
 		cpu1      time.Duration
-		ended     bool // the init's stdout ended
+		ended     bool // the init's stdout ended, or it said it is done
+		done      bool // the init said it is done
 		ctxErr    error
 		initError string
 	)
@@ -396,6 +397,9 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 					c.kill()
 				}
 			case iDone:
+				// The init has sent all there is: the result is complete
+				// without waiting for its exit, which teardown sees to.
+				done, ended = true, true
 			case 0:
 				ended = true
 			}
@@ -415,10 +419,12 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 	}
 	stopTimer()
 	s.closeInput()
-	select {
-	case <-c.exited():
-	case <-time.After(teardownTimeout):
-		c.kill()
+	if !done {
+		select {
+		case <-c.exited():
+		case <-time.After(teardownTimeout):
+			c.kill()
+		}
 	}
 
 	res.Stdout, res.StdoutTruncated, res.StdoutBytes = s.stdout.result()
