@@ -117,6 +117,13 @@ func (s *slots) acquire() (*slot, error) {
 	sl, err := s.start(index)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.closed {
+		// Closed while the holder started: close did not see it.
+		if err == nil {
+			sl.stop()
+		}
+		return nil, fmt.Errorf("%w: runtime is closed", ErrSandbox)
+	}
 	if err != nil {
 		s.all[index] = nil
 		return nil, err
