@@ -60,7 +60,13 @@ type Pool struct {
 	parallel int
 	// refillDelay is refillAfter, but for tests.
 	refillDelay time.Duration
-	stats       PoolStats
+	// Preparations under way: Close cancels them and waits for them, so
+	// that none outlives the pool (and makes a container in a runtime
+	// being closed).
+	preparing sync.WaitGroup
+	ctx       context.Context
+	cancel    context.CancelFunc
+	stats     PoolStats
 }
 
 type peakEvent struct {
@@ -82,6 +88,7 @@ func NewPool(cfg PoolConfig) *Pool {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	p := &Pool{cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{}), parallel: max(1, goruntime.NumCPU()), refillDelay: refillAfter}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	go p.fill()
 	p.poke()
 	return p
@@ -231,6 +238,7 @@ func (p *Pool) topUp() bool {
 		start++
 	}
 	p.filling += start
+	p.preparing.Add(start)
 	p.mu.Unlock()
 	for _, sb := range extra {
 		go sb.Close()
@@ -242,9 +250,14 @@ func (p *Pool) topUp() bool {
 }
 
 func (p *Pool) prepareOne() {
-	sb, err := p.cfg.Prepare(context.Background(), true)
+	defer p.preparing.Done()
+	sb, err := p.cfg.Prepare(p.ctx, true)
 	p.mu.Lock()
 	p.filling--
+	if err != nil && p.closed {
+		p.mu.Unlock()
+		return // cancelled by Close
+	}
 	if err != nil {
 		p.stats.Failed++
 		// A waiter this preparation would have served prepares its own.
@@ -278,8 +291,9 @@ func (p *Pool) prepareOne() {
 	p.poke()
 }
 
-// Close destroys the ready sandboxes and stops the filler; sandboxes being
-// prepared are destroyed as they come.
+// Close destroys the ready sandboxes, stops the filler and cancels the
+// preparations under way; it returns once they are gone, so the runtime
+// can be closed after it with nothing of the pool's left in it.
 func (p *Pool) Close() {
 	p.mu.Lock()
 	if p.closed {
@@ -295,9 +309,11 @@ func (p *Pool) Close() {
 	}
 	p.waiting = nil
 	p.mu.Unlock()
+	p.cancel()
 	p.poke()
 	<-p.done
 	for _, sb := range ready {
 		sb.Close()
 	}
+	p.preparing.Wait()
 }

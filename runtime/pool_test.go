@@ -26,6 +26,8 @@ type gatedPrepare struct {
 	calls   int
 	gates   map[int]chan error
 	started chan int
+	// inFlight counts preparations that have not returned.
+	inFlight atomic.Int32
 }
 
 func newGatedPrepare() *gatedPrepare {
@@ -48,6 +50,8 @@ func (g *gatedPrepare) prepare(ctx context.Context, _ bool) (Sandbox, error) {
 	g.calls++
 	n := g.calls
 	g.mu.Unlock()
+	g.inFlight.Add(1)
+	defer g.inFlight.Add(-1)
 	g.started <- n
 	select {
 	case err := <-g.gate(n):
@@ -265,5 +269,21 @@ func waitReady(t *testing.T, p *Pool, n int) {
 			t.Fatalf("%d sandboxes ready, want %d", r, n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// Close cancels a preparation under way and returns only once it has
+// returned: the runtime is closed right after the pool, and a preparation
+// still running then would make a container in it.
+func TestPoolCloseWaitsForPreparations(t *testing.T) {
+	g := newGatedPrepare()
+	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	waitStarted(t, g, 1)
+	p.Close()
+	if n := g.inFlight.Load(); n != 0 {
+		t.Fatalf("%d preparations still running after Close", n)
+	}
+	if st, _ := p.Stats(); st.Failed != 0 {
+		t.Errorf("a preparation cancelled by Close counted as failed: %+v", st)
 	}
 }
