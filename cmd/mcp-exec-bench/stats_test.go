@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -219,6 +220,21 @@ func TestReadMemory(t *testing.T) {
 		}
 		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 		pids = append(pids, cmd.Process.Pid)
+	}
+	// A sleep that is still loading its libraries grows between the two
+	// readings: measure once both sleep.
+	for _, pid := range pids {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			w, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+			if strings.Contains(string(w), "sleep") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sleep %d is not sleeping after 10 s (wchan %q)", pid, w)
+			}
+			time.Sleep(time.Millisecond)
+		}
 	}
 	all, err := readMemory(os.Getpid())
 	if err != nil {
