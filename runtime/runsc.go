@@ -340,6 +340,11 @@ func (sb *runscSandbox) foreground() error {
 	return cgroupForeground(sb.cg.paths)
 }
 
+// waitsForExit: a gVisor sandbox is left to end on its own before the
+// result is returned; killed while its init was still exiting, its
+// teardown (runsc delete) was seen to hang inside a container.
+func (sb *runscSandbox) waitsForExit() bool { return true }
+
 func (sb *runscSandbox) verdict(res *Result) {
 	if sb.cg != nil {
 		sb.cg.stats(res)

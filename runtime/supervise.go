@@ -419,7 +419,7 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 	}
 	stopTimer()
 	s.closeInput()
-	if !done {
+	if w, ok := c.(interface{ waitsForExit() bool }); !done || ok && w.waitsForExit() {
 		select {
 		case <-c.exited():
 		case <-time.After(teardownTimeout):
