@@ -14,10 +14,11 @@
 //   - the rootfs is shared by every call and mounted read-only: nothing in
 //     the spec may need to create or change a file inside it;
 //   - pid 1 is the fixed init (the server's own static executable, bound
-//     read-only at InitPath), never the code; the code, its stdin and its
-//     files reach the sandbox only through the init's standard input, never
-//     on argv, in the environment or through a host directory, so a bundle
-//     is the same for every call and can be prepared before its call.
+//     read-only at InitPath), never the code; the init's configuration
+//     (Init), the code, its stdin and its files reach the sandbox only
+//     through the init's standard input, never on argv, in the environment
+//     or through a host directory, so a bundle is the same for every call
+//     and can be prepared before its call.
 //
 // The package does not know how a bundle is run.
 package bundle
@@ -88,6 +89,8 @@ type Bundle struct {
 	ID   string
 	Dir  string
 	Spec *specs.Spec
+	// Init is the configuration the runtime hands the sandbox's init.
+	Init Init
 }
 
 // ConfigPath is the path of the bundle's config.json.
@@ -137,7 +140,7 @@ func New(parent string, cfg Config, id string) (_ *Bundle, retErr error) {
 			os.RemoveAll(dir)
 		}
 	}()
-	b := &Bundle{ID: id, Dir: dir, Spec: Spec(cfg)}
+	b := &Bundle{ID: id, Dir: dir, Spec: Spec(cfg), Init: initFor(cfg)}
 	if err := b.WriteSpec(); err != nil {
 		return nil, err
 	}

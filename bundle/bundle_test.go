@@ -3,6 +3,7 @@ package bundle
 import (
 	"encoding/json"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -33,10 +34,8 @@ func applyStep(t *testing.T, name string) *specs.Spec {
 
 func TestStepProcess(t *testing.T) {
 	p := applyStep(t, "process").Process
-	want := []string{InitPath, InitMarker, "uid=65532", "gid=65532", "max_output=1048576", "max_files=20",
-		"max_file_bytes=10485760", "workdir=/tmp", "rlimit_core=0", "rlimit_nofile=1024", "--", "/usr/bin/python3", CodePath}
-	if !slices.Equal(p.Args, want) {
-		t.Errorf("Args = %v, want %v (the fixed init; the code never on argv)", p.Args, want)
+	if want := []string{InitPath, InitMarker}; !slices.Equal(p.Args, want) {
+		t.Errorf("Args = %v, want %v (the fixed init; its configuration, and the code, never on argv)", p.Args, want)
 	}
 	if p.Cwd != "/tmp" {
 		t.Errorf("Cwd = %q, want /tmp", p.Cwd)
@@ -50,6 +49,18 @@ func TestStepProcess(t *testing.T) {
 	}
 	if !slices.Equal(p.Env, policy.Env()) {
 		t.Errorf("Env = %v, want policy.Env()", p.Env)
+	}
+}
+
+// The init's configuration: the code as policy's identity, running the
+// script in /tmp, with the configured caps and no core dumps.
+func TestInitConfig(t *testing.T) {
+	got := initFor(testConfig())
+	want := Init{UID: policy.UID, GID: policy.GID, MaxOutputBytes: 1 << 20, MaxFiles: 20, MaxFileBytes: 10 << 20,
+		WorkDir: "/tmp", Script: CodePath, Argv: []string{"/usr/bin/python3", CodePath},
+		Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_CORE"}, {Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("initFor() = %+v, want %+v", got, want)
 	}
 }
 

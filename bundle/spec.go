@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"strconv"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -44,36 +43,57 @@ func Spec(cfg Config) *specs.Spec {
 	return s
 }
 
-// InitArgs is the init's command line: it starts the interpreter on
-// CodePath as UID/GID with the rlimits of policy, and returns at most the
-// configured output and files.
-func InitArgs(cfg Config) []string {
-	args := []string{InitPath, InitMarker,
-		"uid=" + strconv.Itoa(policy.UID), "gid=" + strconv.Itoa(policy.GID),
-		"max_output=" + strconv.FormatInt(cfg.MaxOutputBytes, 10),
-		"max_files=" + strconv.Itoa(cfg.MaxFiles),
-		"max_file_bytes=" + strconv.FormatInt(cfg.MaxFileBytes, 10),
-		"workdir=/tmp"}
-	for _, rl := range rlimits(cfg) {
-		args = append(args, rl)
-	}
-	return append(args, "--", cfg.Python, CodePath)
+// Init is what the sandbox's init is told, before anything else, over its
+// standard input: the runtime encodes it (runtime's initproto.go) and
+// sandboxinit.c decodes it into its struct config, field for field. None
+// of it is on the init's command line, which is only InitPath InitMarker.
+type Init struct {
+	// UID and GID are the code's identity.
+	UID, GID uint32
+	// MaxOutputBytes caps each of stdout and stderr; MaxFiles and
+	// MaxFileBytes the files returned from OutputsDir.
+	MaxOutputBytes int64
+	MaxFiles       int
+	MaxFileBytes   int64
+	// WorkDir is the code's working directory: input files are written
+	// there, and outputs/ in it comes back.
+	WorkDir string
+	// Script is where the interpreter reads its code: a FIFO until the
+	// call comes, then a file holding the code.
+	Script string
+	// Argv is the interpreter's command line, the script last.
+	Argv []string
+	// Rlimits are the code's per-process limits, which the init sets on
+	// itself before it starts the code: lowering a limit needs no
+	// privilege, while a runtime outside the sandbox's user namespace
+	// cannot set them without CAP_SYS_RESOURCE.
+	Rlimits []specs.POSIXRlimit
 }
 
-// rlimits are the code's per-process limits: no core dumps (they would fill
-// /tmp and leak memory), and a bound on open files. The init sets them on
-// itself before it starts the code, which inherits them: lowering a limit
-// needs no privilege, while a runtime outside the sandbox's user namespace
-// cannot set them without CAP_SYS_RESOURCE.
-func rlimits(cfg Config) []string {
-	return []string{"rlimit_core=0", "rlimit_nofile=" + strconv.FormatUint(cfg.Limits.OpenFiles, 10)}
+// InitArgs is the init's command line. Everything else reaches the init
+// as an Init, over its standard input.
+func InitArgs() []string { return []string{InitPath, InitMarker} }
+
+// initFor is the init's configuration of a sandbox of cfg: the code as
+// policy's uid and gid, running CodePath in /tmp, with no core dumps (they
+// would fill /tmp and leak memory) and a bound on open files.
+func initFor(cfg Config) Init {
+	lim := func(typ string, v uint64) specs.POSIXRlimit { return specs.POSIXRlimit{Type: typ, Hard: v, Soft: v} }
+	return Init{
+		UID: policy.UID, GID: policy.GID,
+		MaxOutputBytes: cfg.MaxOutputBytes, MaxFiles: cfg.MaxFiles, MaxFileBytes: cfg.MaxFileBytes,
+		WorkDir: "/tmp",
+		Script:  CodePath,
+		Argv:    []string{cfg.Python, CodePath},
+		Rlimits: []specs.POSIXRlimit{lim("RLIMIT_CORE", 0), lim("RLIMIT_NOFILE", cfg.Limits.OpenFiles)},
+	}
 }
 
 // withProcess makes the init pid 1, as the container's root with the few
 // capabilities it needs to start the code unprivileged, in /tmp, with the
 // allowlisted environment and no way to gain privileges.
 func withProcess(s *specs.Spec, cfg Config) {
-	s.Process.Args = InitArgs(cfg)
+	s.Process.Args = InitArgs()
 	s.Process.Env = append(policy.Env(), cfg.Env...)
 	s.Process.Cwd = "/tmp"
 	s.Process.User = specs.User{UID: 0, GID: 0, AdditionalGids: []uint32{}}

@@ -1,5 +1,11 @@
 package runtime
 
+import "github.com/inhuman/mcp-exec/bundle"
+
+// SubvertInit makes b's init play one the code subverted: no parent-death
+// signal, no exit when the host goes.
+func SubvertInit(b *bundle.Bundle) { subvertedInits.Store(b.ID, true) }
+
 // InstanceID exposes the instance id of a runtime for leak checks.
 func InstanceID(rt Runtime) string {
 	switch r := rt.(type) {

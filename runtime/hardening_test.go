@@ -568,11 +568,7 @@ func backstopServer(t *testing.T, stateDir string, kind runtime.Kind) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := b.Spec.Process.Args
-	b.Spec.Process.Args = append([]string{args[0], args[1], "test_no_parent_death=1"}, args[2:]...)
-	if err := b.WriteSpec(); err != nil {
-		t.Fatal(err)
-	}
+	runtime.SubvertInit(b)
 	fmt.Printf("CALL %s\n", b.ID)
 	sb, err := rt.Prepare(context.Background(), b)
 	if err != nil {

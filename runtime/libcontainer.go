@@ -213,6 +213,9 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 		proc.Wait()
 		close(sb.done)
 	}()
+	if err := sb.sess.configure(containerInit(b)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
 	st, err := sb.c.State()
 	if err != nil {
 		return nil, fmt.Errorf("%w: reading the state of container %s: %w", ErrSandbox, b.ID, err)
@@ -397,13 +400,4 @@ func processFromSpec(p *specs.Process) (*libcontainer.Process, error) {
 		lp.Rlimits = append(lp.Rlimits, configs.Rlimit{Type: t, Hard: rl.Hard, Soft: rl.Soft})
 	}
 	return lp, nil
-}
-
-var rlimits = map[string]int{
-	"RLIMIT_AS": unix.RLIMIT_AS, "RLIMIT_CORE": unix.RLIMIT_CORE, "RLIMIT_CPU": unix.RLIMIT_CPU,
-	"RLIMIT_DATA": unix.RLIMIT_DATA, "RLIMIT_FSIZE": unix.RLIMIT_FSIZE, "RLIMIT_LOCKS": unix.RLIMIT_LOCKS,
-	"RLIMIT_MEMLOCK": unix.RLIMIT_MEMLOCK, "RLIMIT_MSGQUEUE": unix.RLIMIT_MSGQUEUE, "RLIMIT_NICE": unix.RLIMIT_NICE,
-	"RLIMIT_NOFILE": unix.RLIMIT_NOFILE, "RLIMIT_NPROC": unix.RLIMIT_NPROC, "RLIMIT_RSS": unix.RLIMIT_RSS,
-	"RLIMIT_RTPRIO": unix.RLIMIT_RTPRIO, "RLIMIT_RTTIME": unix.RLIMIT_RTTIME, "RLIMIT_SIGPENDING": unix.RLIMIT_SIGPENDING,
-	"RLIMIT_STACK": unix.RLIMIT_STACK,
 }

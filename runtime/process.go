@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,13 +101,10 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 	if err := os.Chmod(b.Dir, 0o711); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	args, err := processArgs(b.Spec, work, code)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
+	init := processInit(b, work, code)
 	if os.Geteuid() == 0 {
 		// Root drops to the sandbox's uid: the work dir must be its.
-		if err := chownUser(work, args); err != nil {
+		if err := os.Chown(work, int(init.UID), int(init.GID)); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 		}
 		if err := os.Chmod(code, 0o755); err != nil {
@@ -115,6 +113,7 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 	}
 
 	var toInit, fromInit, diag, childIn, childOut, childErr *os.File
+	var err error
 	if childIn, toInit, err = os.Pipe(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
@@ -129,7 +128,7 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 		}
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	cmd := exec.Command("/proc/self/exe", args[1:]...)
+	cmd := exec.Command("/proc/self/exe", initMarker)
 	cmd.Args[0] = "mcp-exec-init"
 	cmd.Env = processEnv(b.Spec.Process.Env, work)
 	cmd.Dir = work
@@ -164,6 +163,9 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 		return nil, fmt.Errorf("%w: starting the init: %w", ErrSandbox, err)
 	}
 	sb.sess = newSession(toInit, fromInit, diag)
+	if err := sb.sess.configure(init); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
 	if err := sb.sess.waitReady(ctx, sb); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -173,49 +175,43 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 	return sb, nil
 }
 
-// processArgs turns the bundle's init command line into the process
-// runtime's: the work dir and the script in the call's own dirs, the init
-// told it is no pid 1 of a namespace, and the limits a cgroup would have
-// enforced as rlimits: memory (data), processes, file size. (Processes are
-// counted per user by the kernel: with the server's own uid, it bounds
-// them together, and the outer container's pids limit bounds all.)
-func processArgs(spec *specs.Spec, work, code string) ([]string, error) {
-	args := append([]string(nil), spec.Process.Args...)
-	sep := -1
-	for i, a := range args {
-		if a == "--" {
-			sep = i
-			break
-		}
+// processInit is the bundle's init configuration in the process
+// runtime's terms: the work dir and the script in the call's own dirs (the
+// script named relative to the work dir, so that no other process sees
+// where the call's dir is on its command line), the init told it is no
+// pid 1 of a namespace, and the limits a cgroup would have enforced as
+// rlimits: memory (data), processes, file size. (Processes are counted per
+// user by the kernel: with the server's own uid, it bounds them together,
+// and the outer container's pids limit bounds all.)
+func processInit(b *bundle.Bundle, work, code string) *initConfig {
+	in := b.Init
+	in.WorkDir = work
+	in.Script = filepath.Join(code, "main.py")
+	in.Argv = append(append([]string(nil), in.Argv[:len(in.Argv)-1]...), filepath.Join("..", filepath.Base(code), "main.py"))
+	in.Rlimits = slices.Clone(in.Rlimits)
+	lim := func(typ string, v int64) {
+		in.Rlimits = append(in.Rlimits, specs.POSIXRlimit{Type: typ, Soft: uint64(v), Hard: uint64(v)})
 	}
-	if sep < 0 || sep+2 >= len(args) || len(args) < 2 || args[1] != bundle.InitMarker {
-		return nil, fmt.Errorf("unexpected init command line %q", spec.Process.Args)
-	}
-	for i := 2; i < sep; i++ {
-		if strings.HasPrefix(args[i], "workdir=") {
-			args[i] = "workdir=" + work
-		}
-	}
-	args[len(args)-1] = filepath.Join(code, "main.py")
-	opts := append(args[:sep:sep], "mode=process")
-	if r := spec.Linux.Resources; r != nil {
+	if r := b.Spec.Linux.Resources; r != nil {
 		if r.Memory != nil && r.Memory.Limit != nil {
-			opts = append(opts, "rlimit_data="+strconv.FormatInt(*r.Memory.Limit, 10))
+			lim("RLIMIT_DATA", *r.Memory.Limit)
 		}
 		if r.Pids != nil && r.Pids.Limit != nil {
-			opts = append(opts, "rlimit_nproc="+strconv.FormatInt(*r.Pids.Limit*8+64, 10))
+			lim("RLIMIT_NPROC", *r.Pids.Limit*8+64)
 		}
 	}
-	for _, m := range spec.Mounts {
+	for _, m := range b.Spec.Mounts {
 		if m.Destination == "/tmp" {
 			for _, o := range m.Options {
 				if v, ok := strings.CutPrefix(o, "size="); ok {
-					opts = append(opts, "rlimit_fsize="+v)
+					if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+						lim("RLIMIT_FSIZE", n)
+					}
 				}
 			}
 		}
 	}
-	return append(opts, args[sep:]...), nil
+	return &initConfig{Init: in, Process: &processConfig{}}
 }
 
 // processEnv is the sandbox's environment with its home and temp dir the
@@ -230,21 +226,6 @@ func processEnv(env []string, work string) []string {
 		out = append(out, kv)
 	}
 	return out
-}
-
-// chownUser gives the work dir to the sandbox's uid named on the init's
-// command line.
-func chownUser(work string, args []string) error {
-	uid, gid := -1, -1
-	for _, a := range args {
-		if v, ok := strings.CutPrefix(a, "uid="); ok {
-			uid, _ = strconv.Atoi(v)
-		}
-		if v, ok := strings.CutPrefix(a, "gid="); ok {
-			gid, _ = strconv.Atoi(v)
-		}
-	}
-	return os.Chown(work, uid, gid)
 }
 
 // procSandbox is one call's process between Prepare and Close.

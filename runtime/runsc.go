@@ -172,6 +172,9 @@ func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox
 	if err := sb.start(); err != nil {
 		return nil, fmt.Errorf("%w: starting runsc for %s: %w", ErrSandbox, b.ID, err)
 	}
+	if err := sb.sess.configure(containerInit(b)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
 	if err := sb.sess.waitReady(ctx, sb); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

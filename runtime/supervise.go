@@ -16,56 +16,6 @@ import (
 	"time"
 )
 
-// The sandbox's init (sandboxinit.c) is the same program under both
-// runtimes, and so is the conversation with it, over its standard input
-// and output, in frames of a type byte, a big-endian uint32 length and the
-// payload:
-//
-//	init → host  R           the interpreter is started and waits for its code
-//	host → init  F path data an input file, written under /tmp as the code's user
-//	host → init  I data, J   the code's stdin, then its end
-//	host → init  L seconds   the call's CPU seconds (the process runtime's RLIMIT_CPU)
-//	host → init  C code      the code: the interpreter reads it and runs it
-//	init → host  S           the code has it: the timeout counts from here
-//	init → host  O, E data   stdout and stderr, at most the cap each
-//	host → init  K           kill the code now (the timeout)
-//	init → host  X status    the main process's wait status and the byte
-//	                         counts of stdout and stderr; every other process
-//	                         of the code has been killed
-//	init → host  F path data a file from /tmp/outputs; T: one was left out
-//	init → host  D           done: the init exits
-//	init → host  W message   something the init was asked to do failed
-//
-// The init's stderr carries only its own fatal errors. Everything the
-// code writes goes through pipes the init drains, so the code is never
-// blocked by its own output and the runtime only ever reads what fits the
-// caps. A runtime only has to start a container with the init as its
-// process and to kill it; supervise does the rest, the same for both.
-
-// Frame types, host to init and init to host.
-const (
-	hFile     = 'F'
-	hStdin    = 'I'
-	hStdinEnd = 'J'
-	hCode     = 'C'
-	hKill     = 'K'
-	hCPU      = 'L'
-
-	iReady   = 'R'
-	iStarted = 'S'
-	iStdout  = 'O'
-	iStderr  = 'E'
-	iExit    = 'X'
-	iOutFile = 'F'
-	iSkipped = 'T'
-	iDone    = 'D'
-	iError   = 'W'
-)
-
-// maxFrame bounds a frame from the init: a file within the sandbox's
-// limits, or a chunk of output.
-const maxFrame = 64 << 20
-
 // Grace periods of the supervision, all counted on the host's clock.
 const (
 	// readyTimeout bounds the start of a sandbox up to its interpreter
@@ -126,6 +76,7 @@ type event struct {
 	outTotal int64
 	errTotal int64
 	ran      time.Duration // exit: how long the code ran, by the init's clock
+	flags    uint32        // exit: exitFlags
 	msg      string
 }
 
@@ -139,7 +90,11 @@ type session struct {
 	stdout, stderr *cappedBuffer
 	files          []File
 	skipped        bool
+	notes          []string
 
+	// wmu orders the writers: each writes its frames whole, the
+	// configuration first.
+	wmu       sync.Mutex
 	writeOnce sync.Once
 }
 
@@ -194,13 +149,17 @@ func (s *session) read(from *os.File) {
 		case iSkipped:
 			s.skipped = true
 		case iExit:
-			if n < 28 {
-				s.events <- event{kind: iError, msg: "the init sent a short exit frame"}
+			if n != exitFrameLen {
+				s.events <- event{kind: iError, msg: fmt.Sprintf("the init sent an exit frame of %d bytes, want %d", n, exitFrameLen)}
 				return
 			}
 			s.events <- event{kind: iExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
 				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:])),
-				ran: time.Duration(binary.BigEndian.Uint64(payload[20:]))}
+				ran: time.Duration(binary.BigEndian.Uint64(payload[20:])), flags: binary.BigEndian.Uint32(payload[28:])}
+		case iNote:
+			if len(s.notes) < 16 {
+				s.notes = append(s.notes, string(payload[:min(len(payload), 1024)]))
+			}
 		case iError:
 			s.events <- event{kind: iError, msg: string(payload)}
 		default:
@@ -257,11 +216,29 @@ func writeFrame(w io.Writer, typ byte, payload ...[]byte) {
 	}
 }
 
+// configure sends the init its configuration, the first frame, from its
+// own goroutine: an init that died before reading it must not hold the
+// runtime up (waitReady then sees it gone).
+func (s *session) configure(c *initConfig) error {
+	payload, err := c.encode()
+	if err != nil {
+		return err
+	}
+	s.wmu.Lock()
+	go func() {
+		defer s.wmu.Unlock()
+		writeFrame(s.to, hConfig, payload)
+	}()
+	return nil
+}
+
 // send writes the call to the init: files, stdin, then the code. It runs
 // in its own goroutine: the init reads everything at once, but a dead one
 // must not hold the supervision up.
 func (s *session) send(req Request) {
 	go func() {
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
 		w := bufio.NewWriterSize(s.to, 64<<10)
 		for _, f := range req.Files {
 			var pn [2]byte
@@ -282,7 +259,11 @@ func (s *session) send(req Request) {
 
 // kill asks the init to kill the code; its answer follows as usual.
 func (s *session) kill() {
-	go s.to.Write(frame(hKill))
+	go func() {
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+		s.to.Write(frame(hKill))
+	}()
 }
 
 // closeInput closes the init's stdin: an init that still waits for a call
@@ -430,6 +411,7 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 	res.Stdout, res.StdoutTruncated, res.StdoutBytes = s.stdout.result()
 	res.Stderr, res.StderrTruncated, res.StderrBytes = s.stderr.result()
 	res.Stdout, res.Stderr = capped(res.Stdout, req.MaxOutputBytes, &res.StdoutTruncated), capped(res.Stderr, req.MaxOutputBytes, &res.StderrTruncated)
+	res.Stderr = withNotes(res.Stderr, s.notes, req.MaxOutputBytes, &res.StderrTruncated)
 	res.Files, res.FilesTruncated = s.files, s.skipped
 	killedForSockets := res.SocketsKilled
 	c.verdict(&res)
@@ -466,6 +448,29 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 	}
 	return res, nil
+}
+
+// withNotes ends stderr with the init's notes for the caller, each on a
+// line of its own, within the cap: what the code wrote makes room for
+// them, as they say why its run ended as it did.
+func withNotes(stderr []byte, notes []string, max int64, truncated *bool) []byte {
+	if len(notes) == 0 {
+		return stderr
+	}
+	var add []byte
+	if len(stderr) > 0 && stderr[len(stderr)-1] != '\n' {
+		add = append(add, '\n')
+	}
+	for _, n := range notes {
+		add = append(add, "mcp-exec: "+n+"\n"...)
+	}
+	if int64(len(add)) > max {
+		add = add[:max]
+	}
+	if keep := max - int64(len(add)); int64(len(stderr)) > keep {
+		stderr, *truncated = stderr[:keep], true
+	}
+	return append(stderr[:len(stderr):len(stderr)], add...)
 }
 
 // capped keeps at most n bytes of b.

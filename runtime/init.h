@@ -1,0 +1,98 @@
+// What the files of the sandbox's init share. The init is the program of
+// sandboxinit.c's main; each other file is one concern of it: frames and
+// buffers (init_io.c), its configuration (init_config.c), files in and out
+// (init_files.c), the process runtime's confinement (init_confine.c), and
+// the helpers that are not the init (init_helpers.c).
+#pragma once
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "initproto.h"
+
+// rlim is one rlimit the init sets on itself before it starts the code.
+struct rlim {
+	int resource;
+	uint64_t soft, hard;
+};
+
+// strv is a list of strings the configuration repeats.
+struct strv {
+	char **v;
+	int n;
+};
+
+// config is the init's configuration, decoded from the host's H_CONFIG
+// frame: runtime's initConfig is its other side, field for field.
+struct config {
+	uid_t uid;
+	gid_t gid;
+	uint64_t max_output;     // per stream
+	uint64_t max_files;      // output files
+	uint64_t max_file_bytes; // their bytes
+	char *workdir;           // the code's cwd: files in go here, outputs/ in it comes back
+	char *script;            // the FIFO, then the file, the interpreter runs
+	struct strv argv;        // the interpreter's command line, NULL-terminated
+	struct rlim *rlimits;
+	int nrlimits;
+	int no_parent_death; // tests: play an init the code subverted
+	// The process runtime: not pid 1 of a namespace but a process of the
+	// server's machine, its code confined by what follows.
+	int process_mode;
+	int landlock_abi; // 0: no Landlock domain
+	struct strv read, exec, devices, write;
+	unsigned char *seccomp; // BPF program; NULL: none
+	size_t seccomp_len;
+	uint64_t scratch_bytes; // bound on the bytes under workdir; 0: none
+};
+
+// buffer is a growable byte queue.
+struct buffer {
+	unsigned char *p;
+	size_t len, off;
+};
+
+// init_io.c
+extern int out_fd;
+void die(const char *what) __attribute__((noreturn));
+void die_errno(const char *what, int err) __attribute__((noreturn));
+int write_all(int fd, const void *p, size_t n);
+void put_u16(unsigned char *p, uint16_t v);
+void put_u32(unsigned char *p, uint32_t v);
+void put_u64(unsigned char *p, uint64_t v);
+uint16_t get_u16(const unsigned char *p);
+uint32_t get_u32(const unsigned char *p);
+uint64_t get_u64(const unsigned char *p);
+void frame_head(char type, uint32_t len);
+void frame(char type, const void *p, uint32_t len);
+void report(char type, const char *what, int err);
+void buf_append(struct buffer *b, const void *p, size_t n);
+size_t buf_pending(const struct buffer *b);
+void buf_reset(struct buffer *b);
+int buf_flush(struct buffer *b, int fd);
+int read_frame_blocking(int fd, char *type, unsigned char **payload, uint32_t *len);
+void close_from(int lowfd);
+
+// init_config.c
+void config_decode(struct config *c, const unsigned char *p, uint32_t len);
+
+// init_files.c
+int as_user(const struct config *c, int (*fn)(const struct config *, void *), void *arg);
+int make_outputs(const struct config *c, void *arg);
+int write_input_file(const struct config *c, const unsigned char *payload, uint32_t len, char *path, size_t pathcap);
+int outputs_empty(const struct config *c);
+int export_outputs(const struct config *c, void *arg);
+
+// init_confine.c
+void confine(const struct config *c);
+void kill_children(void);
+struct scratch;
+struct scratch *scratch_open(const struct config *c);
+int scratch_fd(const struct scratch *s);
+int scratch_over(struct scratch *s, char *why, size_t whycap);
+
+// init_helpers.c
+int userns_hold(void);
+int probe_confinement(void);
+int kill_own_uid(void);

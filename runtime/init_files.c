@@ -1,0 +1,330 @@
+// Files in and out: the call's input files, written before the code runs,
+// and the regular files it left under outputs/, sent once it has ended.
+// Both run as the code's user (as_user): what is written in and read out
+// is exactly what the code could write and read, owned by it, and no bug
+// in handling them runs with the init's privileges.
+#include "init.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+// as_user runs fn in a child that is the code's user and nothing more,
+// and returns what it returned (0 or an errno). The child is waited for
+// here, so the main loop never sees it.
+int as_user(const struct config *c, int (*fn)(const struct config *, void *), void *arg) {
+	pid_t pid = fork();
+	if (pid < 0)
+		return errno;
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+		// An unprivileged process runtime is the code's user already.
+		if (geteuid() == 0 || !c->process_mode) {
+			if (setgroups(0, NULL) < 0 || setresgid(c->gid, c->gid, c->gid) < 0 || setresuid(c->uid, c->uid, c->uid) < 0)
+				_exit(EPERM);
+		}
+		_exit(fn(c, arg) & 0xff);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0) {
+		if (errno != EINTR)
+			return errno;
+	}
+	return WIFEXITED(st) ? WEXITSTATUS(st) : EIO;
+}
+
+static int open_workdir(const struct config *c) { return open(c->workdir, O_DIRECTORY | O_RDONLY | O_CLOEXEC); }
+
+// make_outputs creates the empty outputs dir, the code's, before it runs.
+int make_outputs(const struct config *c, void *arg) {
+	(void)arg;
+	int work = open_workdir(c);
+	if (work < 0)
+		return errno;
+	int err = mkdirat(work, "outputs", 0755) < 0 && errno != EEXIST ? errno : 0;
+	close(work);
+	return err;
+}
+
+// safe_rel checks a path the host sent: relative, no "." or ".." element,
+// no empty element. The host checks it too; this is the last line.
+static int safe_rel(const char *p) {
+	if (p[0] == '\0' || p[0] == '/')
+		return 0;
+	for (const char *s = p; *s;) {
+		const char *e = strchr(s, '/');
+		size_t n = e ? (size_t)(e - s) : strlen(s);
+		if (n == 0 || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+			return 0;
+		s += n;
+		if (*s == '/')
+			s++;
+	}
+	return 1;
+}
+
+struct input_file {
+	const char *path;
+	const unsigned char *data;
+	size_t n;
+};
+
+// write_file writes one input file under the work dir, creating its
+// directories without following a link; nothing of the code has run yet.
+static int write_file(const struct config *c, void *arg) {
+	const struct input_file *in = arg;
+	if (!safe_rel(in->path))
+		return EINVAL;
+	int dir = open_workdir(c);
+	if (dir < 0)
+		return errno;
+	char *copy = strdup(in->path), *s = copy, *slash;
+	int err = copy == NULL ? ENOMEM : 0;
+	while (err == 0 && (slash = strchr(s, '/')) != NULL) {
+		*slash = '\0';
+		if (mkdirat(dir, s, 0755) < 0 && errno != EEXIST) {
+			err = errno;
+			break;
+		}
+		int next = openat(dir, s, O_DIRECTORY | O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+		if (next < 0) {
+			err = errno;
+			break;
+		}
+		close(dir);
+		dir = next;
+		s = slash + 1;
+	}
+	if (err == 0) {
+		int fd = openat(dir, s, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+		if (fd < 0 || write_all(fd, in->data, in->n) < 0)
+			err = errno;
+		if (fd >= 0 && close(fd) < 0 && err == 0)
+			err = errno;
+	}
+	free(copy);
+	close(dir);
+	return err;
+}
+
+// write_input_file decodes an H_FILE frame (u16 path length, path, data)
+// and writes it; path receives the file's path for a message. It returns
+// 0, or an errno (EINVAL for a malformed frame).
+int write_input_file(const struct config *c, const unsigned char *payload, uint32_t len, char *path, size_t pathcap) {
+	path[0] = '\0';
+	if (len < 2 || get_u16(payload) > len - 2 || get_u16(payload) >= pathcap)
+		return EINVAL;
+	uint16_t pn = get_u16(payload);
+	memcpy(path, payload + 2, pn);
+	path[pn] = '\0';
+	if (strlen(path) != pn)
+		return EINVAL;
+	struct input_file in = {.path = path, .data = payload + 2 + pn, .n = len - 2 - pn};
+	return as_user(c, write_file, &in);
+}
+
+// outputs_empty says whether the outputs dir is there and holds nothing,
+// as most calls leave it: then no child is forked to export it. Anything
+// else (an error, a link, an entry) means "export", which runs as the
+// code's user and decides for itself.
+int outputs_empty(const struct config *c) {
+	int work = open_workdir(c);
+	if (work < 0)
+		return 0;
+	int fd = openat(work, "outputs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	close(work);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	if (d == NULL) {
+		if (fd >= 0)
+			close(fd);
+		return 0;
+	}
+	int empty = 1;
+	struct dirent *e;
+	errno = 0;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+			empty = 0;
+			break;
+		}
+	}
+	if (errno != 0)
+		empty = 0;
+	closedir(d);
+	return empty;
+}
+
+// The export walks outputs/ once every process of the code is gone, and
+// sends its regular files, never following a symlink or opening a device
+// or a FIFO, within the file count and byte limits. Visited entries and
+// depth are bounded too, so a million files or a deep tree cost bounded
+// time and memory. What it cannot read it says: the file list would
+// otherwise be silently short.
+struct exporter {
+	const struct config *c;
+	uint64_t files, bytes, visited;
+	int skipped;
+	int unreadable; // a dir or file that could not be opened
+};
+
+#define MAX_DEPTH 32
+#define MAX_VISITED 100000
+#define MAX_DIR_ENTRIES 4096
+
+static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// read_whole reads size bytes of fd: a file that shrank is not sent half.
+static unsigned char *read_whole(int fd, uint64_t size) {
+	unsigned char *data = malloc(size ? size : 1);
+	uint64_t got = 0;
+	while (data != NULL && got < size) {
+		ssize_t r = read(fd, data + got, size - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		got += (uint64_t)r;
+	}
+	if (data != NULL && got != size) {
+		free(data);
+		return NULL;
+	}
+	return data;
+}
+
+static void send_file(struct exporter *x, int dir, const char *name, const char *rel) {
+	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0) {
+		x->skipped = x->unreadable = 1;
+		return;
+	}
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return;
+	}
+	uint64_t size = (uint64_t)st.st_size;
+	size_t rl = strlen(rel);
+	if (x->files >= x->c->max_files || size > x->c->max_file_bytes - x->bytes || rl > 4096) {
+		x->skipped = 1;
+		close(fd);
+		return;
+	}
+	unsigned char *data = read_whole(fd, size);
+	close(fd);
+	if (data == NULL) {
+		x->skipped = 1;
+		return;
+	}
+	unsigned char head[8];
+	frame_head(I_OUTFILE, (uint32_t)(2 + rl + 8 + size));
+	put_u16(head, (uint16_t)rl);
+	if (write_all(out_fd, head, 2) < 0 || write_all(out_fd, rel, rl) < 0)
+		_exit(125);
+	put_u64(head, size);
+	if (write_all(out_fd, head, 8) < 0 || write_all(out_fd, data, size) < 0)
+		_exit(125);
+	free(data);
+	x->files++;
+	x->bytes += size;
+}
+
+// list_dir returns d's entry names, sorted, within the walk's bounds.
+static char **list_dir(struct exporter *x, DIR *d, size_t *n) {
+	char **names = NULL;
+	struct dirent *e;
+	*n = 0;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		if (++x->visited > MAX_VISITED || *n >= MAX_DIR_ENTRIES) {
+			x->skipped = 1;
+			break;
+		}
+		char **more = realloc(names, (*n + 1) * sizeof *names);
+		if (more == NULL)
+			break;
+		names = more;
+		names[(*n)++] = strdup(e->d_name);
+	}
+	if (*n > 0)
+		qsort(names, *n, sizeof *names, cmp_names);
+	return names;
+}
+
+static void walk(struct exporter *x, int dir, const char *prefix, int depth);
+
+static void walk_entry(struct exporter *x, int dir, const char *name, const char *prefix, int depth) {
+	char rel[PATH_MAX];
+	if (name == NULL || snprintf(rel, sizeof rel, "%s%s", prefix, name) >= (int)sizeof rel) {
+		x->skipped = 1;
+		return;
+	}
+	struct stat st;
+	if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return;
+	if (S_ISREG(st.st_mode)) {
+		send_file(x, dir, name, rel);
+	} else if (S_ISDIR(st.st_mode)) {
+		// Symlinks, devices, FIFOs and sockets are never followed nor sent.
+		char subprefix[PATH_MAX];
+		int sub = depth >= MAX_DEPTH ? -1 : openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (sub < 0) {
+			x->skipped = 1;
+			x->unreadable |= depth < MAX_DEPTH;
+		} else if (snprintf(subprefix, sizeof subprefix, "%s/", rel) >= (int)sizeof subprefix) {
+			close(sub);
+			x->skipped = 1;
+		} else {
+			walk(x, sub, subprefix, depth + 1);
+		}
+	}
+}
+
+static void walk(struct exporter *x, int dir, const char *prefix, int depth) {
+	DIR *d = fdopendir(dir);
+	if (d == NULL) {
+		close(dir);
+		x->skipped = x->unreadable = 1;
+		return;
+	}
+	size_t n;
+	char **names = list_dir(x, d, &n);
+	for (size_t i = 0; i < n; i++) {
+		walk_entry(x, dirfd(d), names[i], prefix, depth);
+		free(names[i]);
+	}
+	free(names);
+	closedir(d);
+}
+
+// export_outputs runs as the code's user, after every process of the
+// code is gone, and writes its frames straight to the host.
+int export_outputs(const struct config *c, void *arg) {
+	(void)arg;
+	struct exporter x = {.c = c};
+	int work = open_workdir(c);
+	int dir = work < 0 ? -1 : openat(work, "outputs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	int err = errno;
+	if (work >= 0)
+		close(work);
+	if (dir >= 0)
+		walk(&x, dir, "", 0);
+	else if (err != ENOENT)
+		x.skipped = x.unreadable = 1; // there, but not a dir it may read
+	if (x.skipped)
+		frame(I_SKIPPED, NULL, 0);
+	if (x.unreadable)
+		report(I_NOTE, "some of outputs/ could not be read (the code took away its permissions): what it held there is not returned", 0);
+	return 0;
+}

@@ -1,0 +1,84 @@
+// The three small programs the executable also is, besides the init: the
+// holder of a call slot's user namespace, the probe of what the process
+// runtime can apply on this host, and the killer of a call's uid.
+#include "init.h"
+
+#include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+// userns_hold runs as the unprivileged owner of a call slot: it creates a
+// user namespace that the slot's sandboxes join, so that every per-user
+// kernel count of their code is charged to the slot's own uid, and holds
+// it until its stdin closes.
+int userns_hold(void) {
+	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	// Not dumpable: its /proc files are then root's, so the server writes
+	// its uid_map without CAP_DAC_OVERRIDE; and no process of the slot's
+	// uid (the code's, on the host) could read or trace it.
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	if (unshare(CLONE_NEWUSER) < 0) {
+		char buf[256];
+		int n = snprintf(buf, sizeof buf, "error: unshare(CLONE_NEWUSER): %s\n", strerror(errno));
+		(void)!write(1, buf, (size_t)n);
+		return 1;
+	}
+	if (write_all(1, "ok\n", 3) < 0)
+		return 1;
+	char b;
+	for (;;) {
+		ssize_t r = read(0, &b, 1);
+		if (r == 0 || (r < 0 && errno != EINTR))
+			return 0;
+	}
+}
+
+static int verdict(long rc) { return rc < 0 ? errno : 0; }
+
+// probe_confinement tries, in this throwaway process, each step the
+// process runtime's init takes to confine the code, and prints one line
+// the runtime parses: "landlock=ABI subreaper=E nnp=E restrict=E
+// seccomp=E", each E 0 or the errno the step failed with.
+// A container engine's own seccomp profile, or an old kernel, may refuse
+// any of them; the runtime then says what is missing and what remains.
+int probe_confinement(void) {
+	char line[512];
+	long abi = syscall(444 /* landlock_create_ruleset */, NULL, 0, 1U /* VERSION */);
+	int n = snprintf(line, sizeof line, "landlock=%ld", abi < 0 ? 0 : abi);
+	long sub = prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+	n += snprintf(line + n, sizeof line - n, " subreaper=%d", verdict(sub));
+	long nnp = prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+	n += snprintf(line + n, sizeof line - n, " nnp=%d", verdict(nnp));
+	if (abi > 0) {
+		uint64_t attr[3] = {1ULL << 3 /* READ_DIR */, 0, 0};
+		long rs = syscall(444, attr, sizeof attr, 0);
+		long r = rs < 0 ? rs : syscall(446 /* landlock_restrict_self */, (int)rs, 0);
+		n += snprintf(line + n, sizeof line - n, " restrict=%d", verdict(r));
+	}
+	struct sock_filter allow = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+	struct sock_fprog prog = {.len = 1, .filter = &allow};
+	long sc = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+	n += snprintf(line + n, sizeof line - n, " seccomp=%d\n", verdict(sc));
+	return write_all(1, line, (size_t)n) < 0;
+}
+
+// kill_own_uid kills every process of its own uid, the uid of a call of
+// the process runtime running as root, until none is left: the backstop
+// for a call whose init died before it could kill them itself.
+int kill_own_uid(void) {
+	for (int i = 0; i < 1000; i++) {
+		if (kill(-1, SIGKILL) < 0 && errno == ESRCH)
+			return 0;
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
+	}
+	return 1;
+}

@@ -1,0 +1,321 @@
+package runtime
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/inhuman/mcp-exec/bundle"
+)
+
+// The sandbox's init (sandboxinit.c) is the same program under every
+// runtime, and so is the conversation with it, over its standard input and
+// output, in frames of a type byte, a big-endian uint32 length and the
+// payload:
+//
+//	host → init  G config    the init's configuration (initConfig), first
+//	init → host  R           the interpreter is started and waits for its code
+//	host → init  F path data an input file, written in the work dir as the code's user
+//	host → init  I data, J   the code's stdin, then its end
+//	host → init  L seconds   the call's CPU seconds (the process runtime's RLIMIT_CPU)
+//	host → init  C code      the code: the interpreter reads it and runs it
+//	init → host  S           the code has it: the timeout counts from here
+//	init → host  O, E data   stdout and stderr, at most the cap each
+//	host → init  K           kill the code now (the timeout)
+//	init → host  X status    the main process's wait status, the byte counts
+//	                         of stdout and stderr, how long it ran, and why
+//	                         the init killed it (exitFlags); every other
+//	                         process of the code has been killed
+//	init → host  F path data a file from outputs/; T: one was left out
+//	init → host  N message   a note for the caller, added to the stderr
+//	init → host  D           done: the init exits
+//	init → host  W message   something the init was asked to do failed
+//
+// The init's stderr carries only its own fatal errors. Everything the code
+// writes goes through pipes the init drains, so the code is never blocked
+// by its own output and the runtime only ever reads what fits the caps. A
+// runtime only has to start a container (or a process) with the init as
+// its process and to kill it; supervise does the rest, the same for all.
+//
+// This file is the protocol's one definition: initproto.h, which the C
+// side includes, is rendered from protocol below, and TestInitProtocol
+// fails while the checked-in header differs (go test ./runtime -run
+// TestInitProtocol -update writes it).
+
+// The markers: the first argument that makes this executable something
+// else than the server, before the Go runtime starts (sandboxinit.c's
+// constructor).
+const (
+	initMarker  = bundle.InitMarker
+	holdMarker  = "__mcp_exec_userns__"
+	probeMarker = "__mcp_exec_probe__"
+	killMarker  = "__mcp_exec_kill__"
+)
+
+// Frame types, host to init.
+const (
+	hConfig   = 'G'
+	hFile     = 'F'
+	hStdin    = 'I'
+	hStdinEnd = 'J'
+	hCPU      = 'L'
+	hCode     = 'C'
+	hKill     = 'K'
+)
+
+// Frame types, init to host.
+const (
+	iReady   = 'R'
+	iStarted = 'S'
+	iStdout  = 'O'
+	iStderr  = 'E'
+	iExit    = 'X'
+	iOutFile = 'F'
+	iSkipped = 'T'
+	iNote    = 'N'
+	iDone    = 'D'
+	iError   = 'W'
+)
+
+// maxFrame bounds a frame either way: a file within the sandbox's limits,
+// or a chunk of output.
+const maxFrame = 64 << 20
+
+// exitFrameLen is the size of the exit frame's payload: u32 wait status,
+// u64 stdout total, u64 stderr total, u64 ns the code ran, u32 exitFlags.
+const exitFrameLen = 4 + 8 + 8 + 8 + 4
+
+// exitFlags say why the init itself killed the code.
+const (
+	// exitScratch: the files under the work dir went past the bound of
+	// the process runtime's scratch space.
+	exitScratch = 1 << 0
+)
+
+// Configuration keys: the config frame's payload is a sequence of fields,
+// each a big-endian u16 key, u32 length and value. Numbers are big-endian
+// u64s; strings are their bytes (no NUL); a key marked "each" may repeat.
+const (
+	cfgUID           = 1  // number: the code's uid
+	cfgGID           = 2  // number: the code's gid
+	cfgMaxOutput     = 3  // number: cap of each of stdout and stderr
+	cfgMaxFiles      = 4  // number: most output files
+	cfgMaxFileBytes  = 5  // number: most bytes of output files
+	cfgWorkDir       = 6  // string: the code's working directory
+	cfgScript        = 7  // string: the FIFO, then the file, the interpreter runs
+	cfgArg           = 8  // string, each: the interpreter's command line
+	cfgRlimit        = 9  // u32 resource, u64 soft, u64 hard, each
+	cfgNoParentDeath = 10 // number: 1 plays an init the code subverted (tests)
+	cfgProcess       = 11 // number: 1 runs as a process of the host, not pid 1
+	cfgLandlock      = 12 // number: the Landlock ABI whose rights are handled
+	cfgRead          = 13 // string, each: a path the code may read
+	cfgExec          = 14 // string, each: a path the code may execute
+	cfgDevice        = 15 // string, each: a device node the code may read and write
+	cfgWrite         = 16 // string, each: a directory the code may write in
+	cfgSeccomp       = 17 // bytes: a BPF program (struct sock_filter[], host order)
+	cfgScratch       = 18 // number: bound on the bytes under the work dir
+)
+
+// initConfig is the init's whole configuration: sandboxinit.c's struct
+// config is its other side, field for field.
+type initConfig struct {
+	bundle.Init
+	// NoParentDeath plays an init the code has subverted: no parent-death
+	// signal and no exit when the host goes (the watchdog's tests only).
+	NoParentDeath bool
+	// Process, when not nil, makes the init a process of the server's
+	// machine instead of pid 1 of a namespace: the process runtime.
+	Process *processConfig
+}
+
+// processConfig is what the process runtime's init does in place of a
+// container: the code in a Landlock domain of its own, under the seccomp
+// filter, its files bounded.
+type processConfig struct {
+	// Landlock is the ABI version whose rights the code's domain handles;
+	// 0: no domain (the host has no Landlock).
+	Landlock int
+	// Read, Exec, Devices and Write are the domain's rules: what the code
+	// may read, execute (and read), read and write (device nodes), and the
+	// directories it may write in.
+	Read, Exec, Devices, Write []string
+	// Seccomp is the filter installed in the code, as a BPF program; nil:
+	// none (the host refuses one).
+	Seccomp []byte
+	// ScratchBytes bounds what the code keeps under the work dir.
+	ScratchBytes int64
+}
+
+// subvertedInits are the bundles whose init plays one the code subverted
+// (initConfig.NoParentDeath): the watchdog's tests set it, nothing else.
+var subvertedInits sync.Map
+
+// containerInit is the configuration of the init of a container: the
+// bundle's, as it is.
+func containerInit(b *bundle.Bundle) *initConfig {
+	_, subverted := subvertedInits.Load(b.ID)
+	return &initConfig{Init: b.Init, NoParentDeath: subverted}
+}
+
+// encode renders the configuration as the config frame's payload.
+func (c *initConfig) encode() ([]byte, error) {
+	var b bytes.Buffer
+	field := func(key uint16, val []byte) {
+		var h [6]byte
+		binary.BigEndian.PutUint16(h[:], key)
+		binary.BigEndian.PutUint32(h[2:], uint32(len(val)))
+		b.Write(h[:])
+		b.Write(val)
+	}
+	num := func(key uint16, v uint64) { field(key, binary.BigEndian.AppendUint64(nil, v)) }
+	var bad []string
+	str := func(key uint16, s string) {
+		if strings.IndexByte(s, 0) >= 0 || s == "" {
+			bad = append(bad, fmt.Sprintf("%q", s))
+		}
+		field(key, []byte(s))
+	}
+	flag := func(key uint16, on bool) {
+		if on {
+			num(key, 1)
+		}
+	}
+	num(cfgUID, uint64(c.UID))
+	num(cfgGID, uint64(c.GID))
+	num(cfgMaxOutput, uint64(c.MaxOutputBytes))
+	num(cfgMaxFiles, uint64(c.MaxFiles))
+	num(cfgMaxFileBytes, uint64(c.MaxFileBytes))
+	str(cfgWorkDir, c.WorkDir)
+	str(cfgScript, c.Script)
+	for _, a := range c.Argv {
+		str(cfgArg, a)
+	}
+	for _, rl := range c.Rlimits {
+		res, ok := rlimits[rl.Type]
+		if !ok {
+			return nil, fmt.Errorf("the init's configuration: unknown rlimit %q", rl.Type)
+		}
+		v := binary.BigEndian.AppendUint32(nil, uint32(res))
+		v = binary.BigEndian.AppendUint64(v, rl.Soft)
+		field(cfgRlimit, binary.BigEndian.AppendUint64(v, rl.Hard))
+	}
+	flag(cfgNoParentDeath, c.NoParentDeath)
+	if p := c.Process; p != nil {
+		num(cfgProcess, 1)
+		num(cfgLandlock, uint64(p.Landlock))
+		for _, l := range []struct {
+			key   uint16
+			paths []string
+		}{{cfgRead, p.Read}, {cfgExec, p.Exec}, {cfgDevice, p.Devices}, {cfgWrite, p.Write}} {
+			for _, path := range l.paths {
+				str(l.key, path)
+			}
+		}
+		if len(p.Seccomp) > 0 {
+			field(cfgSeccomp, p.Seccomp)
+		}
+		num(cfgScratch, uint64(p.ScratchBytes))
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("the init's configuration has empty strings or strings with a NUL byte: %s", strings.Join(bad, ", "))
+	}
+	if len(c.Argv) < 2 || c.Argv[len(c.Argv)-1] == "" {
+		return nil, fmt.Errorf("the init's configuration has no interpreter and script: %q", c.Argv)
+	}
+	if b.Len() > maxFrame {
+		return nil, fmt.Errorf("the init's configuration is %d bytes, over a frame's %d", b.Len(), maxFrame)
+	}
+	return b.Bytes(), nil
+}
+
+// rlimits maps the spec's rlimit names to the kernel's numbers.
+var rlimits = map[string]int{
+	"RLIMIT_AS": unix.RLIMIT_AS, "RLIMIT_CORE": unix.RLIMIT_CORE, "RLIMIT_CPU": unix.RLIMIT_CPU,
+	"RLIMIT_DATA": unix.RLIMIT_DATA, "RLIMIT_FSIZE": unix.RLIMIT_FSIZE, "RLIMIT_LOCKS": unix.RLIMIT_LOCKS,
+	"RLIMIT_MEMLOCK": unix.RLIMIT_MEMLOCK, "RLIMIT_MSGQUEUE": unix.RLIMIT_MSGQUEUE, "RLIMIT_NICE": unix.RLIMIT_NICE,
+	"RLIMIT_NOFILE": unix.RLIMIT_NOFILE, "RLIMIT_NPROC": unix.RLIMIT_NPROC, "RLIMIT_RSS": unix.RLIMIT_RSS,
+	"RLIMIT_RTPRIO": unix.RLIMIT_RTPRIO, "RLIMIT_RTTIME": unix.RLIMIT_RTTIME, "RLIMIT_SIGPENDING": unix.RLIMIT_SIGPENDING,
+	"RLIMIT_STACK": unix.RLIMIT_STACK,
+}
+
+// protoDef is one definition the C side shares: a marker, a frame type, a
+// configuration key, a size.
+type protoDef struct {
+	name  string
+	value any // string, a byte (a frame letter) or an int
+	doc   string
+}
+
+// protocol is what initproto.h defines, in its order.
+var protocol = []protoDef{
+	{"INIT_ARG", initMarker, "makes this executable the sandbox's init"},
+	{"HOLD_ARG", holdMarker, "makes it the holder of a call slot's user namespace"},
+	{"PROBE_ARG", probeMarker, "makes it report what the process runtime can apply here"},
+	{"KILL_ARG", killMarker, "makes it kill every process of its own uid"},
+	{"MAX_FRAME", maxFrame, "bound on a frame's payload, either way"},
+	{"EXIT_FRAME_LEN", exitFrameLen, "u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags"},
+	{"EXIT_SCRATCH", exitScratch, "exit flag: the files under the work dir went past their bound"},
+	{"H_CONFIG", byte(hConfig), "the init's configuration: CFG_ fields, first and once"},
+	{"H_FILE", byte(hFile), "an input file: u16 path length, path, data"},
+	{"H_STDIN", byte(hStdin), "bytes of the code's stdin"},
+	{"H_STDIN_END", byte(hStdinEnd), "the end of the code's stdin"},
+	{"H_CPU", byte(hCPU), "the call's CPU seconds, decimal: RLIMIT_CPU of the code in the process runtime"},
+	{"H_CODE", byte(hCode), "the code; it runs when it is all read"},
+	{"H_KILL", byte(hKill), "kill the code now, then report as usual"},
+	{"I_READY", byte(iReady), "the interpreter waits for its code"},
+	{"I_STARTED", byte(iStarted), "the code is handed over: it runs from now"},
+	{"I_STDOUT", byte(iStdout), "stdout bytes, within the cap"},
+	{"I_STDERR", byte(iStderr), "stderr bytes, within the cap"},
+	{"I_EXIT", byte(iExit), "EXIT_FRAME_LEN bytes: the main process ended, every other is killed"},
+	{"I_OUTFILE", byte(iOutFile), "u16 path length, path, u64 size, data"},
+	{"I_SKIPPED", byte(iSkipped), "an output file was left out"},
+	{"I_NOTE", byte(iNote), "a note for the caller, added to the stderr"},
+	{"I_DONE", byte(iDone), "all is sent: the init exits"},
+	{"I_ERROR", byte(iError), "the sandbox could not do what was asked: message"},
+	{"CFG_UID", cfgUID, "number: the code's uid"},
+	{"CFG_GID", cfgGID, "number: the code's gid"},
+	{"CFG_MAX_OUTPUT", cfgMaxOutput, "number: cap of each of stdout and stderr"},
+	{"CFG_MAX_FILES", cfgMaxFiles, "number: most output files"},
+	{"CFG_MAX_FILE_BYTES", cfgMaxFileBytes, "number: most bytes of output files"},
+	{"CFG_WORKDIR", cfgWorkDir, "string: the code's working directory"},
+	{"CFG_SCRIPT", cfgScript, "string: the FIFO, then the file, the interpreter runs"},
+	{"CFG_ARG", cfgArg, "string, each: the interpreter's command line"},
+	{"CFG_RLIMIT", cfgRlimit, "u32 resource, u64 soft, u64 hard, each"},
+	{"CFG_NO_PARENT_DEATH", cfgNoParentDeath, "number: 1 plays an init the code subverted (tests)"},
+	{"CFG_PROCESS", cfgProcess, "number: 1 runs as a process of the host, not pid 1"},
+	{"CFG_LANDLOCK", cfgLandlock, "number: the Landlock ABI whose rights are handled"},
+	{"CFG_READ", cfgRead, "string, each: a path the code may read"},
+	{"CFG_EXEC", cfgExec, "string, each: a path the code may execute"},
+	{"CFG_DEVICE", cfgDevice, "string, each: a device node the code may read and write"},
+	{"CFG_WRITE", cfgWrite, "string, each: a directory the code may write in"},
+	{"CFG_SECCOMP", cfgSeccomp, "bytes: a BPF program (struct sock_filter[], host order)"},
+	{"CFG_SCRATCH", cfgScratch, "number: bound on the bytes under the work dir"},
+}
+
+// protocolHeader renders protocol as C.
+func protocolHeader() string {
+	var b strings.Builder
+	b.WriteString("// Code generated from runtime/initproto.go by TestInitProtocol; DO NOT EDIT.\n")
+	b.WriteString("// The protocol between the runtime and the sandbox's init: see initproto.go.\n")
+	b.WriteString("#pragma once\n\n")
+	for _, d := range protocol {
+		var v string
+		switch x := d.value.(type) {
+		case string:
+			v = fmt.Sprintf("%q", x)
+		case byte:
+			v = fmt.Sprintf("'%c'", x)
+		case int:
+			v = fmt.Sprint(x)
+			if x >= 1<<20 {
+				v = fmt.Sprintf("(%du << 20)", x>>20)
+			}
+		}
+		fmt.Fprintf(&b, "#define %-20s %-22s // %s\n", d.name, v, d.doc)
+	}
+	return b.String()
+}

@@ -1,0 +1,46 @@
+// Code generated from runtime/initproto.go by TestInitProtocol; DO NOT EDIT.
+// The protocol between the runtime and the sandbox's init: see initproto.go.
+#pragma once
+
+#define INIT_ARG             "__mcp_exec_init__"    // makes this executable the sandbox's init
+#define HOLD_ARG             "__mcp_exec_userns__"  // makes it the holder of a call slot's user namespace
+#define PROBE_ARG            "__mcp_exec_probe__"   // makes it report what the process runtime can apply here
+#define KILL_ARG             "__mcp_exec_kill__"    // makes it kill every process of its own uid
+#define MAX_FRAME            (64u << 20)            // bound on a frame's payload, either way
+#define EXIT_FRAME_LEN       32                     // u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags
+#define EXIT_SCRATCH         1                      // exit flag: the files under the work dir went past their bound
+#define H_CONFIG             'G'                    // the init's configuration: CFG_ fields, first and once
+#define H_FILE               'F'                    // an input file: u16 path length, path, data
+#define H_STDIN              'I'                    // bytes of the code's stdin
+#define H_STDIN_END          'J'                    // the end of the code's stdin
+#define H_CPU                'L'                    // the call's CPU seconds, decimal: RLIMIT_CPU of the code in the process runtime
+#define H_CODE               'C'                    // the code; it runs when it is all read
+#define H_KILL               'K'                    // kill the code now, then report as usual
+#define I_READY              'R'                    // the interpreter waits for its code
+#define I_STARTED            'S'                    // the code is handed over: it runs from now
+#define I_STDOUT             'O'                    // stdout bytes, within the cap
+#define I_STDERR             'E'                    // stderr bytes, within the cap
+#define I_EXIT               'X'                    // EXIT_FRAME_LEN bytes: the main process ended, every other is killed
+#define I_OUTFILE            'F'                    // u16 path length, path, u64 size, data
+#define I_SKIPPED            'T'                    // an output file was left out
+#define I_NOTE               'N'                    // a note for the caller, added to the stderr
+#define I_DONE               'D'                    // all is sent: the init exits
+#define I_ERROR              'W'                    // the sandbox could not do what was asked: message
+#define CFG_UID              1                      // number: the code's uid
+#define CFG_GID              2                      // number: the code's gid
+#define CFG_MAX_OUTPUT       3                      // number: cap of each of stdout and stderr
+#define CFG_MAX_FILES        4                      // number: most output files
+#define CFG_MAX_FILE_BYTES   5                      // number: most bytes of output files
+#define CFG_WORKDIR          6                      // string: the code's working directory
+#define CFG_SCRIPT           7                      // string: the FIFO, then the file, the interpreter runs
+#define CFG_ARG              8                      // string, each: the interpreter's command line
+#define CFG_RLIMIT           9                      // u32 resource, u64 soft, u64 hard, each
+#define CFG_NO_PARENT_DEATH  10                     // number: 1 plays an init the code subverted (tests)
+#define CFG_PROCESS          11                     // number: 1 runs as a process of the host, not pid 1
+#define CFG_LANDLOCK         12                     // number: the Landlock ABI whose rights are handled
+#define CFG_READ             13                     // string, each: a path the code may read
+#define CFG_EXEC             14                     // string, each: a path the code may execute
+#define CFG_DEVICE           15                     // string, each: a device node the code may read and write
+#define CFG_WRITE            16                     // string, each: a directory the code may write in
+#define CFG_SECCOMP          17                     // bytes: a BPF program (struct sock_filter[], host order)
+#define CFG_SCRATCH          18                     // number: bound on the bytes under the work dir
