@@ -11,6 +11,7 @@ require (
 	github.com/opencontainers/cgroups v0.1.0
 	github.com/opencontainers/runc v1.5.3
 	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/seccomp/libseccomp-golang v0.12.0
 	github.com/sirupsen/logrus v1.9.4
 	golang.org/x/sync v0.22.0
 	golang.org/x/sys v0.47.0
@@ -34,7 +35,6 @@ require (
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	github.com/opencontainers/selinux v1.13.1 // indirect
-	github.com/seccomp/libseccomp-golang v0.12.0 // indirect
 	github.com/segmentio/asm v1.1.3 // indirect
 	github.com/segmentio/encoding v0.5.4 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect

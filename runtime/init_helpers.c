@@ -3,7 +3,10 @@
 // runtime can apply on this host, and the killer of a call's uid.
 #include "init.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <sched.h>
@@ -70,13 +73,51 @@ int probe_confinement(void) {
 	return write_all(1, line, (size_t)n) < 0;
 }
 
+// alive_of counts the live processes (not zombies) other than this one
+// whose real or saved uid is uid: those kill(-1) reaches.
+static int alive_of(uid_t uid) {
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		return -1;
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] < '0' || e->d_name[0] > '9' || atoi(e->d_name) == getpid())
+			continue;
+		char path[300], buf[4096];
+		snprintf(path, sizeof path, "/proc/%s/status", e->d_name);
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t r = read(fd, buf, sizeof buf - 1);
+		close(fd);
+		if (r <= 0)
+			continue;
+		buf[r] = '\0';
+		char *st = strstr(buf, "\nState:\t"), *u = strstr(buf, "\nUid:\t");
+		unsigned ruid, euid, suid;
+		if (st == NULL || u == NULL || sscanf(u, "\nUid:\t%u\t%u\t%u", &ruid, &euid, &suid) != 3)
+			continue;
+		if ((st[8] != 'Z' && st[8] != 'X') && (ruid == uid || suid == uid))
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
 // kill_own_uid kills every process of its own uid, the uid of a call of
-// the process runtime running as root, until none is left: the backstop
-// for a call whose init died before it could kill them itself.
+// the process runtime running as root, until none is left alive: the
+// backstop for a call whose init died before it could kill them itself.
+// (kill(-1) succeeds whenever there is any other process, reached or not:
+// only a look at what is left says it is done.)
 int kill_own_uid(void) {
 	for (int i = 0; i < 1000; i++) {
-		if (kill(-1, SIGKILL) < 0 && errno == ESRCH)
+		kill(-1, SIGKILL);
+		int n = alive_of(getuid());
+		if (n == 0)
 			return 0;
+		if (n < 0)
+			return 2;
 		struct timespec ts = {0, 1000000};
 		nanosleep(&ts, NULL);
 	}

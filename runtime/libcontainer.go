@@ -33,9 +33,16 @@ type Config struct {
 	// RunscPath and RunscPlatform configure the runsc runtime.
 	RunscPath     string
 	RunscPlatform string
-	// UIDBase is the first host uid of the libcontainer runtime's call
-	// slots; DefaultUIDBase when 0.
+	// UIDBase is the first host uid of the call slots (libcontainer's, and
+	// the process runtime's under root); DefaultUIDBase when 0.
 	UIDBase int
+	// SlotDir is where call slots are claimed host-wide; DefaultSlotDir
+	// when empty.
+	SlotDir string
+	// Executables are what the process runtime's code may execute besides
+	// the interpreter: with MCP_EXEC_SHELL, the shell and the system's
+	// tools (the containers have them in their rootfs).
+	Executables []string
 	// WorkDir is where the process runtime makes each call's dirs; the
 	// system's temp dir when empty.
 	WorkDir string
@@ -50,6 +57,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.UIDBase == 0 {
 		c.UIDBase = DefaultUIDBase
+	}
+	if c.SlotDir == "" {
+		c.SlotDir = DefaultSlotDir
 	}
 }
 
@@ -101,7 +111,7 @@ func NewLibcontainer(cfg Config) (*LibcontainerRuntime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &LibcontainerRuntime{cfg: cfg, inst: inst, slots: newSlots(cfg.UIDBase)}, nil
+	return &LibcontainerRuntime{cfg: cfg, inst: inst, slots: newSlots(cfg.UIDBase, cfg.SlotDir)}, nil
 }
 
 func (r *LibcontainerRuntime) Kind() Kind        { return Libcontainer }

@@ -1,11 +1,14 @@
 package runtime
 
 import (
+	"bufio"
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
@@ -16,37 +19,108 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/host"
+	"github.com/inhuman/mcp-exec/policy"
 )
 
 // The process runtime runs each call as a fresh process of the server's
 // own machine: the sandbox's init, started directly, with the host's
 // interpreter. There is no container: no namespaces, no cgroups, no
-// seccomp filter, no read-only root of its own. What it keeps of the
-// sandbox: a fresh process per call, in its own empty working directory,
-// with the environment allowlist, the init's rlimits (memory, processes,
-// file size, CPU time, open files), its whole process group and every
-// orphan it made killed when the call ends, and nothing of it left after.
+// read-only root of its own. What an unprivileged process can still do for
+// each call, it does (see ProcessIsolation):
+//
+//   - the code runs in a Landlock domain of its own: it reads the
+//     interpreter, its libraries and the system's files, writes only its
+//     own dir (its /tmp), executes only the interpreter, makes no TCP
+//     connection, and signals, traces or reads the /proc files of no
+//     process outside the domain — not the server, not another call;
+//   - it runs under the product's seccomp filter, with IP sockets, SysV IPC
+//     and message queues refused too: their namespaces are the machine's;
+//   - the init is its subreaper, and the server theirs: every orphan of
+//     the call is killed when it ends, even one whose init died;
+//   - its dir is bounded in total (the /tmp size) and removed after it;
+//   - under root, each concurrent call has a uid of its own, claimed
+//     host-wide like libcontainer's call slots;
+//   - the environment allowlist and rlimits on memory, processes, file
+//     size, CPU time and open files.
 //
 // It is for a server that itself runs in a locked-down container — the
 // mcp-exec 0.5.4 deployment: docker run --read-only --cap-drop ALL --user
 // 65532 --network none … — where no per-call container can be made and
-// the outer container is the boundary. It is never chosen silently: by
-// name (MCP_EXEC_RUNTIME=process) or by auto, which says so in the tool's
-// description, the runtime field of every result, the log and doctor.
+// the outer container is the boundary for the rest. It is never chosen
+// silently: by name (MCP_EXEC_RUNTIME=process) or by auto, which says so,
+// with what this host lacks of the list above, in the tool's description,
+// the runtime field of every result, the log and doctor.
 
-// ProcessRuntime runs each call as a fresh process.
+// ProcessRuntime runs each call as a fresh, confined process.
 type ProcessRuntime struct {
 	cfg  Config
 	dir  string // the instance's dir: one subdir per call
 	live liveSet
+
+	iso     ProcessIsolation
+	seccomp []byte     // the code's filter; nil when the host refuses one
+	read    []string   // what every call's domain may read, besides its own
+	uids    *uidPool   // under root: a uid per call
+	reaper  *subreaper // nil when the host refuses the subreaper
+
+	interp sync.Map // interpreter path → its rules (interpreterRules)
+}
+
+// ProcessIsolation is what the process runtime gives each call on this
+// host, as the tool's description and doctor report it.
+type ProcessIsolation struct {
+	// Landlock is the ABI of the code's Landlock domain; 0 when the host
+	// gives none.
+	Landlock int `json:"landlock_abi"`
+	// Seccomp: the code runs under the seccomp filter.
+	Seccomp bool `json:"seccomp"`
+	// Subreaper: the server is the subreaper of its calls' processes.
+	Subreaper bool `json:"subreaper"`
+	// UIDPerCall: each concurrent call has a host uid of its own (root).
+	UIDPerCall bool `json:"uid_per_call"`
+	// Missing says what of the process runtime's isolation this host
+	// lacks, each with what it costs and how to get it.
+	Missing []host.Missing `json:"missing,omitempty"`
+}
+
+// Summary is one sentence of what each call gets.
+func (i ProcessIsolation) Summary() string {
+	var parts []string
+	if i.Landlock > 0 {
+		s := "a Landlock domain of its own (it reads the interpreter and system files, writes only its own working directory, its /tmp, and runs only the interpreter"
+		if i.Landlock >= 6 {
+			s += "; it can signal or trace no process outside itself"
+		}
+		parts = append(parts, s+")")
+	}
+	if i.Seccomp {
+		parts = append(parts, "the seccomp filter of the container runtimes, plus no IP sockets or System V IPC")
+	}
+	if i.UIDPerCall {
+		parts = append(parts, "a uid of its own")
+	}
+	parts = append(parts, "its files bounded at the /tmp size and removed after it", "limits on memory, processes, file size and CPU time")
+	if i.Subreaper {
+		parts = append(parts, "every process of it killed when it ends")
+	}
+	return "each call is a fresh process with " + strings.Join(parts, "; ") +
+		"; no container of its own (no namespaces or cgroups): the container the server runs in is the boundary for the rest"
 }
 
 // NewProcess creates the process runtime, keeping its per-call dirs under
-// dir (the system's temp dir when empty), which it creates 0700.
-func NewProcess(cfg Config) (*ProcessRuntime, error) {
+// cfg.WorkDir (the system's temp dir when empty), which it creates 0711.
+// It probes what this host lets it apply and refuses only what it cannot
+// run at all: a root server that may not change uids.
+func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 	cfg.setDefaults()
+	r := &ProcessRuntime{cfg: cfg}
+	if err := r.probe(); err != nil {
+		return nil, err
+	}
 	base := cfg.WorkDir
 	if base == "" {
 		base = os.TempDir()
@@ -55,12 +129,98 @@ func NewProcess(cfg Config) (*ProcessRuntime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: creating the process runtime's dir under %s: %w", ErrUnsupported, base, err)
 	}
-	// Others need nothing here: each call's dir is the code's own.
+	// Others need nothing here but to reach their own call's dir.
 	if err := os.Chmod(dir, 0o711); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	return &ProcessRuntime{cfg: cfg, dir: dir}, nil
+	r.dir = dir
+	for _, p := range policy.ProcessReadable() {
+		if strings.HasSuffix(p, "*") {
+			matches, _ := filepath.Glob(p)
+			r.read = append(r.read, matches...)
+		} else {
+			r.read = append(r.read, p)
+		}
+	}
+	if r.iso.Subreaper {
+		r.reaper = startSubreaper(r.uids)
+	}
+	for _, m := range r.iso.Missing {
+		cfg.Logger.Warn("the process runtime cannot apply this here", "missing", m.What, "why", m.Why, "fix", m.Fix)
+	}
+	return r, nil
+}
+
+// probe finds out what this host lets the runtime apply: it runs the
+// confinement steps in a throwaway child (probeMarker) and compiles the
+// filter.
+func (r *ProcessRuntime) probe() error {
+	h := host.Probe()
+	if h.EUID == 0 {
+		if !slices.Contains(h.Capabilities, "CAP_SETUID") || !slices.Contains(h.Capabilities, "CAP_SETGID") {
+			return fmt.Errorf("%w: the process runtime runs as root without CAP_SETUID and CAP_SETGID, so it cannot give each call "+
+				"a uid of its own, and the code would be the container's root: run the server as a non-root user "+
+				"(docker run --user 65532:65532; Kubernetes runAsUser: 65532), or grant it those two capabilities "+
+				"(docker --cap-add SETUID --cap-add SETGID)", ErrUnsupported)
+		}
+		r.uids = &uidPool{claims: slotClaims{dir: r.cfg.SlotDir, base: r.cfg.UIDBase}}
+		r.iso.UIDPerCall = true
+	}
+	out, err := exec.Command("/proc/self/exe", probeMarker).Output()
+	if err != nil {
+		return fmt.Errorf("%w: probing what the process runtime can apply: %w", ErrSandbox, err)
+	}
+	got := map[string]int{}
+	for _, kv := range strings.Fields(string(out)) {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			got[k], _ = strconv.Atoi(v)
+		}
+	}
+	errno := func(k string) error {
+		if n, ok := got[k]; !ok || n != 0 {
+			return syscall.Errno(n)
+		}
+		return nil
+	}
+	var missing []host.Missing
+	const noLandlock = "the code could read the server's files and other calls', and write wherever the server may"
+	switch abi := got["landlock"]; {
+	case abi == 0:
+		missing = append(missing, host.Missing{What: "Landlock", Why: noLandlock,
+			Fix: "Linux 5.13 or later with Landlock enabled (lsm=landlock), and a container engine whose seccomp profile allows the landlock_* syscalls"})
+	case errno("restrict") != nil:
+		missing = append(missing, host.Missing{What: "a Landlock domain", Why: noLandlock,
+			Fix: fmt.Sprintf("the kernel has Landlock ABI %d, but entering a domain failed (%v): allow landlock_restrict_self in the container's seccomp profile", abi, errno("restrict"))})
+	default:
+		r.iso.Landlock = abi
+		if abi < 6 {
+			missing = append(missing, host.Missing{What: "Landlock scoping (ABI 6)",
+				Why: "the code may signal, and reach the abstract unix sockets of, the server and other calls of its uid",
+				Fix: fmt.Sprintf("Linux 6.12 or later (this kernel has Landlock ABI %d)", abi)})
+		}
+	}
+	if err := errno("seccomp"); err != nil {
+		missing = append(missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows, IP sockets and System V IPC among them",
+			Fix: fmt.Sprintf("installing a filter failed (%v): allow seccomp(2) in the container's profile", err)})
+	} else if r.seccomp, err = compileSeccomp(policy.ProcessSeccomp()); err != nil {
+		missing = append(missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
+	} else {
+		r.iso.Seccomp = true
+	}
+	if err := errno("subreaper"); err != nil {
+		missing = append(missing, host.Missing{What: "the child subreaper", Why: "a process of a call whose init died would outlive the call",
+			Fix: fmt.Sprintf("prctl(PR_SET_CHILD_SUBREAPER) failed: %v", err)})
+	} else {
+		r.iso.Subreaper = true
+	}
+	if !r.iso.UIDPerCall {
+		missing = append(missing, host.Missing{What: "a uid per call",
+			Why: fmt.Sprintf("every call runs as the server's uid %d and shares the kernel's per-user limits with the others (processes, inotify instances, message queue bytes)", h.EUID),
+			Fix: "run the server as root with CAP_SETUID and CAP_SETGID (docker --user 0:0 --cap-add SETUID --cap-add SETGID)"})
+	}
+	r.iso.Missing = missing
+	return nil
 }
 
 func (r *ProcessRuntime) Kind() Kind        { return Process }
@@ -69,9 +229,19 @@ func (r *ProcessRuntime) BundleDir() string { return r.dir }
 // InitDir: the init is this executable itself.
 func (r *ProcessRuntime) InitDir() string { return "/proc/self" }
 
+// Isolation is what each call gets on this host.
+func (r *ProcessRuntime) Isolation() ProcessIsolation { return r.iso }
+
 // Close kills what still runs and removes the runtime's dir.
 func (r *ProcessRuntime) Close() error {
 	err := r.live.closeAll()
+	if r.reaper != nil {
+		r.reaper.stop()
+	}
+	if r.uids != nil {
+		r.uids.close()
+	}
+	makeWritable(r.dir)
 	return errors.Join(err, os.RemoveAll(r.dir))
 }
 
@@ -101,19 +271,27 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 	if err := os.Chmod(b.Dir, 0o711); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	init := processInit(b, work, code)
-	if os.Geteuid() == 0 {
-		// Root drops to the sandbox's uid: the work dir must be its.
-		if err := os.Chown(work, int(init.UID), int(init.GID)); err != nil {
+	cfg, err := r.initConfig(b, work, code)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	if r.uids != nil {
+		// Root: the call's own uid owns its work dir.
+		if sb.uid, err = r.uids.get(); err != nil {
+			return nil, err
+		}
+		_, id := r.uids.claims.ids(sb.uid.index)
+		cfg.UID, cfg.GID = uint32(id), uint32(id)
+		if err := os.Chown(work, id, id); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 		}
 		if err := os.Chmod(code, 0o755); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 		}
+		r.reaper.addUID(id)
 	}
 
 	var toInit, fromInit, diag, childIn, childOut, childErr *os.File
-	var err error
 	if childIn, toInit, err = os.Pipe(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
@@ -140,7 +318,7 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 		// The parent-death signal follows the forking thread.
 		goruntime.LockOSThread()
 		defer goruntime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
+		if err := r.reaper.start(cmd); err != nil {
 			started <- err
 			close(sb.done)
 			return
@@ -150,6 +328,7 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 		sb.mu.Unlock()
 		started <- nil
 		cmd.Wait()
+		r.reaper.exited(cmd.Process.Pid)
 		close(sb.done)
 	}()
 	err = <-started
@@ -163,7 +342,7 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 		return nil, fmt.Errorf("%w: starting the init: %w", ErrSandbox, err)
 	}
 	sb.sess = newSession(toInit, fromInit, diag)
-	if err := sb.sess.configure(init); err != nil {
+	if err := sb.sess.configure(cfg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
 	if err := sb.sess.waitReady(ctx, sb); err != nil {
@@ -175,43 +354,113 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandb
 	return sb, nil
 }
 
-// processInit is the bundle's init configuration in the process
-// runtime's terms: the work dir and the script in the call's own dirs (the
-// script named relative to the work dir, so that no other process sees
-// where the call's dir is on its command line), the init told it is no
-// pid 1 of a namespace, and the limits a cgroup would have enforced as
-// rlimits: memory (data), processes, file size. (Processes are counted per
-// user by the kernel: with the server's own uid, it bounds them together,
-// and the outer container's pids limit bounds all.)
-func processInit(b *bundle.Bundle, work, code string) *initConfig {
+// initConfig is the bundle's init configuration in the process runtime's
+// terms: the work dir and the script in the call's own dirs (the script
+// named relative to the work dir, so that no other process sees where the
+// call's dir is on its command line), the limits a cgroup would have
+// enforced as rlimits (memory as data, processes, file size; processes are
+// counted per uid by the kernel), and the code's confinement.
+func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string) (*initConfig, error) {
 	in := b.Init
 	in.WorkDir = work
 	in.Script = filepath.Join(code, "main.py")
-	in.Argv = append(append([]string(nil), in.Argv[:len(in.Argv)-1]...), filepath.Join("..", filepath.Base(code), "main.py"))
+	in.Argv = append(slices.Clone(in.Argv[:len(in.Argv)-1]), filepath.Join("..", filepath.Base(code), "main.py"))
 	in.Rlimits = slices.Clone(in.Rlimits)
 	lim := func(typ string, v int64) {
 		in.Rlimits = append(in.Rlimits, specs.POSIXRlimit{Type: typ, Soft: uint64(v), Hard: uint64(v)})
 	}
-	if r := b.Spec.Linux.Resources; r != nil {
-		if r.Memory != nil && r.Memory.Limit != nil {
-			lim("RLIMIT_DATA", *r.Memory.Limit)
-		}
-		if r.Pids != nil && r.Pids.Limit != nil {
-			lim("RLIMIT_NPROC", *r.Pids.Limit*8+64)
+	res := b.Spec.Linux.Resources
+	if res != nil && res.Memory != nil && res.Memory.Limit != nil {
+		lim("RLIMIT_DATA", *res.Memory.Limit)
+	}
+	if res != nil && res.Pids != nil && res.Pids.Limit != nil {
+		lim("RLIMIT_NPROC", *res.Pids.Limit*8+64)
+	}
+	scratch := tmpfsSize(b.Spec)
+	if scratch > 0 {
+		lim("RLIMIT_FSIZE", scratch)
+	}
+	exe, read, err := r.interpreterRules(in.Argv[0])
+	if err != nil {
+		return nil, err
+	}
+	p := &processConfig{
+		Read:         append(append(slices.Clone(r.read), read...), code),
+		Exec:         slices.Concat(exe, r.cfg.Executables),
+		Devices:      policy.ProcessDevices(),
+		Write:        []string{work},
+		Seccomp:      r.seccomp,
+		ScratchBytes: scratch,
+	}
+	if r.iso.Landlock > 0 {
+		p.Landlock = r.iso.Landlock
+	}
+	for _, kv := range b.Spec.Process.Env {
+		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
+			p.Read = append(p.Read, filepath.SplitList(v)...)
 		}
 	}
-	for _, m := range b.Spec.Mounts {
-		if m.Destination == "/tmp" {
-			for _, o := range m.Options {
-				if v, ok := strings.CutPrefix(o, "size="); ok {
-					if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-						lim("RLIMIT_FSIZE", n)
-					}
+	return &initConfig{Init: in, Process: p}, nil
+}
+
+// interpreterRules are what the code must execute to run the interpreter
+// (the interpreter and its ELF loader, which execve opens for execution
+// too) and, when the interpreter lives outside the system's trees, its
+// prefix (dirname(dirname(python)), where Python finds its lib).
+func (r *ProcessRuntime) interpreterRules(python string) (exe, read []string, err error) {
+	type rules struct{ exe, read []string }
+	if v, ok := r.interp.Load(python); ok {
+		return v.(rules).exe, v.(rules).read, nil
+	}
+	real, err := filepath.EvalSymlinks(python)
+	if err != nil {
+		return nil, nil, fmt.Errorf("resolving the interpreter %s: %w", python, err)
+	}
+	f, err := elf.Open(real)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the interpreter %s: %w", real, err)
+	}
+	defer f.Close()
+	exe = []string{real}
+	for _, p := range f.Progs {
+		if p.Type != elf.PT_INTERP {
+			continue
+		}
+		buf := make([]byte, p.Filesz)
+		if _, err := p.ReadAt(buf, 0); err != nil {
+			return nil, nil, fmt.Errorf("reading the interpreter's loader: %w", err)
+		}
+		exe = append(exe, strings.TrimRight(string(buf), "\x00"))
+	}
+	for _, e := range exe {
+		if !slices.ContainsFunc(r.read, func(d string) bool { return within(e, d) }) {
+			read = append(read, filepath.Dir(filepath.Dir(e)))
+		}
+	}
+	r.interp.Store(python, rules{exe, read})
+	return exe, read, nil
+}
+
+// within reports whether p is dir or below it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// tmpfsSize is the size of the spec's /tmp, or 0.
+func tmpfsSize(s *specs.Spec) int64 {
+	for _, m := range s.Mounts {
+		if m.Destination != "/tmp" {
+			continue
+		}
+		for _, o := range m.Options {
+			if v, ok := strings.CutPrefix(o, "size="); ok {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					return n
 				}
 			}
 		}
 	}
-	return &initConfig{Init: in, Process: &processConfig{}}
+	return 0
 }
 
 // processEnv is the sandbox's environment with its home and temp dir the
@@ -233,6 +482,7 @@ type procSandbox struct {
 	rt   *ProcessRuntime
 	b    *bundle.Bundle
 	sess *session
+	uid  *claim // root: the call's own uid
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -258,8 +508,9 @@ func (sb *procSandbox) Run(ctx context.Context, req Request) (Result, error) {
 
 func (sb *procSandbox) exited() <-chan struct{} { return sb.done }
 
-// kill SIGKILLs the init's process group; the init, a subreaper, has its
-// orphans killed when it dies (see sandboxinit.c's process mode).
+// kill SIGKILLs the init's process group; the init, the code's subreaper,
+// kills the code's when it sees the host go, and the server is the
+// subreaper of what is left should the init be gone.
 func (sb *procSandbox) kill() {
 	sb.mu.Lock()
 	cmd := sb.cmd
@@ -290,7 +541,244 @@ func (sb *procSandbox) teardown() error {
 	if started {
 		<-sb.done
 	}
-	err := sb.b.Remove()
+	var errs []error
+	if sb.uid != nil {
+		// Whatever of the call's uid is left, wherever it went, goes; only
+		// then may another call have the uid.
+		_, id := sb.rt.uids.claims.ids(sb.uid.index)
+		err := sb.rt.reaper.killUID(id)
+		sb.rt.reaper.removeUID(id)
+		sb.rt.uids.put(sb.uid, err == nil)
+		errs = append(errs, err)
+	}
+	makeWritable(sb.b.Dir)
+	errs = append(errs, sb.b.Remove())
 	sb.rt.live.remove(sb)
-	return err
+	return errors.Join(errs...)
+}
+
+// uidPool hands out the root process runtime's per-call uids: call slots,
+// claimed host-wide like libcontainer's, kept for reuse while nothing of
+// their last call is left.
+type uidPool struct {
+	claims slotClaims
+	mu     sync.Mutex
+	free   []*claim
+}
+
+func (p *uidPool) get() (*claim, error) {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		c := p.free[n-1]
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return c, nil
+	}
+	p.mu.Unlock()
+	return p.claims.claim()
+}
+
+// put takes a uid back; one that still has processes is kept from every
+// call, here and on the host, for the life of the instance.
+func (p *uidPool) put(c *claim, clean bool) {
+	if !clean {
+		return
+	}
+	p.mu.Lock()
+	p.free = append(p.free, c)
+	p.mu.Unlock()
+}
+
+func (p *uidPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.free {
+		c.release()
+	}
+	p.free = nil
+}
+
+// subreaper makes the server the subreaper of its calls' processes: a
+// process whose call's init died — the init being what kills the code
+// when a call ends — comes back to the server, which kills it. A child of
+// the server's is a call's orphan when the runtime did not start it
+// itself and it runs as a call's uid (root) or, with every call the
+// server's own uid, outside the server's process group (each call has a
+// group of its own; what the server starts otherwise stays in its group).
+type subreaper struct {
+	mu   sync.Mutex
+	own  map[int]bool // the runtime's own children: inits and helpers
+	uids map[int]int  // root: the uids of calls under way
+	root bool
+	self int
+	pgid int
+	sig  chan os.Signal
+	quit chan struct{}
+	done chan struct{}
+}
+
+func startSubreaper(uids *uidPool) *subreaper {
+	r := &subreaper{own: map[int]bool{}, uids: map[int]int{}, root: uids != nil, self: os.Getpid(), pgid: syscall.Getpgrp(),
+		sig: make(chan os.Signal, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		close(r.done)
+		return nil
+	}
+	notifyChild(r.sig)
+	go r.loop()
+	return r
+}
+
+func notifyChild(c chan os.Signal) { signal.Notify(c, syscall.SIGCHLD) }
+
+func (r *subreaper) loop() {
+	defer close(r.done)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.sig:
+		case <-tick.C:
+		case <-r.quit:
+			return
+		}
+		r.sweep()
+	}
+}
+
+// start starts cmd as one of the runtime's own children: the sweep never
+// sees it unregistered.
+func (r *subreaper) start(cmd *exec.Cmd) error {
+	if r == nil {
+		return cmd.Start()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	r.own[cmd.Process.Pid] = true
+	return nil
+}
+
+// exited forgets an own child once it has been waited for, and looks for
+// the orphans it may have left.
+func (r *subreaper) exited(pid int) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	delete(r.own, pid)
+	r.mu.Unlock()
+	r.sweep()
+}
+
+func (r *subreaper) addUID(uid int) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	r.uids[uid]++
+	r.mu.Unlock()
+}
+
+func (r *subreaper) removeUID(uid int) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	if r.uids[uid]--; r.uids[uid] <= 0 {
+		delete(r.uids, uid)
+	}
+	r.mu.Unlock()
+}
+
+// killUID kills every process of a call's uid, wherever it is (killMarker,
+// started as that uid), and reports whether none is left.
+func (r *subreaper) killUID(uid int) error {
+	cmd := exec.Command("/proc/self/exe", killMarker)
+	cmd.Args[0] = "mcp-exec-kill"
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: []uint32{}}}
+	if err := r.start(cmd); err != nil {
+		return fmt.Errorf("killing what is left of uid %d: %w", uid, err)
+	}
+	err := cmd.Wait()
+	r.exited(cmd.Process.Pid)
+	if err != nil {
+		return fmt.Errorf("killing what is left of uid %d: %w", uid, err)
+	}
+	return nil
+}
+
+// sweep kills and reaps every orphan of a call that has come back to the
+// server.
+func (r *subreaper) sweep() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || r.own[pid] {
+			continue
+		}
+		ppid, pgid, uid, ok := procParent(pid)
+		if !ok || ppid != r.self {
+			continue
+		}
+		orphan := pgid != r.pgid && uid == os.Getuid()
+		if r.root {
+			orphan = r.uids[uid] > 0
+		}
+		if orphan {
+			unix.Kill(pid, unix.SIGKILL)
+			unix.Wait4(pid, nil, unix.WNOHANG, nil)
+		}
+	}
+}
+
+func (r *subreaper) stop() {
+	if r == nil {
+		return
+	}
+	close(r.quit)
+	<-r.done
+}
+
+// procParent reads a process's parent, process group and real uid.
+func procParent(pid int) (ppid, pgid, uid int, ok bool) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, 0, false
+	}
+	rp := strings.LastIndexByte(string(stat), ')')
+	if rp < 0 {
+		return 0, 0, 0, false
+	}
+	f := strings.Fields(string(stat[rp+1:]))
+	if len(f) < 4 {
+		return 0, 0, 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	pgid, _ = strconv.Atoi(f[2])
+	status, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, 0, false
+	}
+	defer status.Close()
+	sc := bufio.NewScanner(status)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "Uid:"); ok {
+			fields := strings.Fields(v)
+			if len(fields) > 0 {
+				uid, _ = strconv.Atoi(fields[0])
+				return ppid, pgid, uid, true
+			}
+		}
+	}
+	return 0, 0, 0, false
 }

@@ -2,13 +2,18 @@ package runtime
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/policy"
 )
@@ -35,8 +40,58 @@ import (
 // ranges systemd gives to containers and dynamic users.
 const DefaultUIDBase = 0x7000_0000
 
+// DefaultSlotDir is where call slots are claimed, host-wide: slot i is an
+// instance's while it holds an flock on the file named i there. The dir
+// is fixed, whatever the state dir, so that two live instances (each stdio
+// client starts one, and so does each mcp-exec run) never share a slot's
+// host uids; a dead instance's claims end with its open files.
+const DefaultSlotDir = "/run/mcp-exec-slots"
+
+// slotClaims hands out slot indices no live instance on the host holds.
+type slotClaims struct {
+	dir  string
+	base int
+}
+
+// claim is one slot index held host-wide until release.
+type claim struct {
+	index int
+	lock  *os.File
+}
+
+// claim takes the lowest index no live instance holds.
+func (c *slotClaims) claim() (*claim, error) {
+	if err := os.MkdirAll(c.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("%w: creating the call slots' dir: %w", ErrSandbox, err)
+	}
+	if err := checkPrivateDir(c.dir); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	for i := 0; c.base+2*i+1 <= 1<<32-2; i++ {
+		f, err := os.OpenFile(filepath.Join(c.dir, strconv.Itoa(i)), os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("%w: claiming call slot %d: %w", ErrSandbox, i, err)
+		}
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return &claim{index: i, lock: f}, nil
+		}
+		f.Close()
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: claiming call slot %d: %w", ErrSandbox, i, err)
+		}
+	}
+	return nil, fmt.Errorf("%w: no host uid left for a call slot above base %d", ErrSandbox, c.base)
+}
+
+func (cl *claim) release() { cl.lock.Close() }
+
+// ids are the host uids (and gids) of slot index i: the sandbox's root
+// and its user.
+func (c *slotClaims) ids(i int) (root, user int) { return c.base + 2*i, c.base + 2*i + 1 }
+
 type slot struct {
-	index   int
+	claim   *claim
 	rootID  int // host uid and gid of the sandbox's root
 	userID  int // host uid and gid of the sandbox's user, the namespace's owner
 	holder  *exec.Cmd
@@ -46,12 +101,12 @@ type slot struct {
 }
 
 type slots struct {
-	base int
-	exe  string
+	claims slotClaims
+	exe    string
 
 	mu     sync.Mutex
 	free   []*slot
-	all    []*slot
+	all    map[*slot]bool
 	closed bool
 
 	spawns chan spawnRequest
@@ -63,8 +118,9 @@ type spawnRequest struct {
 	done chan error
 }
 
-func newSlots(base int) *slots {
-	s := &slots{base: base, exe: "/proc/self/exe", spawns: make(chan spawnRequest), stop: make(chan struct{})}
+func newSlots(base int, dir string) *slots {
+	s := &slots{claims: slotClaims{dir: dir, base: base}, exe: "/proc/self/exe", all: map[*slot]bool{},
+		spawns: make(chan spawnRequest), stop: make(chan struct{})}
 	// Holders die with the thread that forked them (their parent-death
 	// signal), and Go may retire threads: fork them all from one thread
 	// locked for the life of the runtime.
@@ -82,8 +138,8 @@ func newSlots(base int) *slots {
 	return s
 }
 
-// acquire returns a slot no other sandbox uses, starting a holder when
-// none is free.
+// acquire returns a slot no other sandbox on the host uses, claiming one
+// and starting its holder when this instance has none free.
 func (s *slots) acquire() (*slot, error) {
 	s.mu.Lock()
 	if s.closed {
@@ -95,40 +151,34 @@ func (s *slots) acquire() (*slot, error) {
 		s.free = s.free[:len(s.free)-1]
 		select {
 		case <-sl.dead:
-			continue // killed from outside: its index is taken anew below
+			// Killed from outside: its claim goes, a new one is taken.
+			delete(s.all, sl)
+			sl.claim.release()
+			continue
 		default:
 		}
 		s.mu.Unlock()
 		return sl, nil
 	}
-	index := len(s.all)
-	for i, sl := range s.all {
-		if sl == nil {
-			index = i
-			break
-		}
-	}
-	if index == len(s.all) {
-		s.all = append(s.all, nil)
-	}
-	s.all[index] = &slot{index: index} // reserved
 	s.mu.Unlock()
 
-	sl, err := s.start(index)
+	cl, err := s.claims.claim()
+	if err != nil {
+		return nil, err
+	}
+	sl, err := s.start(cl)
+	if err != nil {
+		cl.release()
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		// Closed while the holder started: close did not see it.
-		if err == nil {
-			sl.stop()
-		}
+		sl.stop()
 		return nil, fmt.Errorf("%w: runtime is closed", ErrSandbox)
 	}
-	if err != nil {
-		s.all[index] = nil
-		return nil, err
-	}
-	s.all[index] = sl
+	s.all[sl] = true
 	return sl, nil
 }
 
@@ -141,17 +191,17 @@ func (s *slots) release(sl *slot) {
 	}
 	select {
 	case <-sl.dead:
-		s.all[sl.index] = nil
+		delete(s.all, sl)
+		sl.claim.release()
 	default:
 		s.free = append(s.free, sl)
 	}
 }
 
-func (s *slots) start(index int) (_ *slot, retErr error) {
-	sl := &slot{index: index, rootID: s.base + 2*index, userID: s.base + 2*index + 1, dead: make(chan struct{})}
-	if sl.userID > 1<<32-2 {
-		return nil, fmt.Errorf("%w: no host uid left for call slot %d above base %d", ErrSandbox, index, s.base)
-	}
+func (s *slots) start(cl *claim) (_ *slot, retErr error) {
+	rootID, userID := s.claims.ids(cl.index)
+	sl := &slot{claim: cl, rootID: rootID, userID: userID, dead: make(chan struct{})}
+	index := cl.index
 	inR, inW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -193,7 +243,7 @@ func (s *slots) start(index int) (_ *slot, retErr error) {
 	}()
 	defer func() {
 		if retErr != nil {
-			sl.stop()
+			sl.stopHolder()
 		}
 	}()
 	line, _ := bufio.NewReader(outR).ReadString('\n')
@@ -211,7 +261,8 @@ func (s *slots) start(index int) (_ *slot, retErr error) {
 	return sl, nil
 }
 
-func (sl *slot) stop() {
+// stopHolder ends the slot's holder.
+func (sl *slot) stopHolder() {
 	if sl.release != nil {
 		sl.release.Close()
 	}
@@ -221,17 +272,22 @@ func (sl *slot) stop() {
 	}
 }
 
-// close ends every holder. The sandboxes are gone by then.
+// stop ends the holder and gives up the slot's claim.
+func (sl *slot) stop() {
+	sl.stopHolder()
+	sl.claim.release()
+}
+
+// close ends every holder and gives up every claim. The sandboxes are
+// gone by then.
 func (s *slots) close() error {
 	s.mu.Lock()
 	s.closed = true
 	all := s.all
-	s.all, s.free = nil, nil
+	s.all, s.free = map[*slot]bool{}, nil
 	s.mu.Unlock()
-	for _, sl := range all {
-		if sl != nil && sl.holder != nil {
-			sl.stop()
-		}
+	for sl := range all {
+		sl.stop()
 	}
 	close(s.stop)
 	return nil

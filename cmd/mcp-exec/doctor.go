@@ -43,6 +43,9 @@ type runtimeReport struct {
 	Alternative runtime.Kind `json:"alternative,omitempty"`
 	// Advice lists what may still make sandboxes fail on this host.
 	Advice []string `json:"advice,omitempty"`
+	// Process is what each call gets under the process runtime, when it is
+	// the one used, and what this host lacks of it.
+	Process *runtime.ProcessIsolation `json:"process,omitempty"`
 }
 
 const (
@@ -151,6 +154,10 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			r.Rootfs.Error = err.Error()
 		} else {
 			r.Runtime.Resolved = sb.rt.Kind()
+			if p, ok := sb.rt.(*runtime.ProcessRuntime); ok {
+				iso := p.Isolation()
+				r.Runtime.Process = &iso
+			}
 			r.Rootfs.Dir = sb.bundleCfg.Rootfs
 			r.Rootfs.Python = sb.bundleCfg.Python
 			r.Rootfs.PythonVersion = sb.pythonVersion
@@ -242,8 +249,14 @@ func printReport(w io.Writer, r report) {
 	}
 	switch {
 	case r.Runtime.Mode == modeProcess:
+		if p := r.Runtime.Process; p != nil {
+			fmt.Fprintf(w, "process isolation: %s\n", p.Summary())
+			for _, m := range p.Missing {
+				fmt.Fprintf(w, "  missing: %s\n", m)
+			}
+		}
 		fmt.Fprintf(w, "verdict: mode %q (%s): the server starts, and each call is a fresh process with no container of its own; "+
-			"the container mcp-exec runs in is the boundary", r.Runtime.Mode, sel)
+			"the container mcp-exec runs in is the boundary for what the process runtime does not confine", r.Runtime.Mode, sel)
 		if !r.OK {
 			fmt.Fprintf(w, ". No runtime gives the full sandbox here: fix what is listed above for one")
 		}

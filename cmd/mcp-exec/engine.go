@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
 	"github.com/inhuman/mcp-exec/server"
@@ -55,6 +56,11 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		RunscPath:     cfg.RunscPath,
 		RunscPlatform: cfg.RunscPlatform,
 	}
+	if cfg.Shell {
+		// The process runtime runs the host's own tools where a container
+		// has busybox's.
+		rtCfg.Executables = []string{"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"}
+	}
 	var rt runtime.Runtime
 	var why string
 	var err error
@@ -75,10 +81,11 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	if cfg.Runtime == runtime.Auto {
 		log.Info("runtime chosen", "configured", cfg.Runtime, "runtime", rt.Kind(), "why", why)
 	}
-	if rt.Kind() == runtime.Process {
-		s.note = processNote(cfg.Runtime, why)
-		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary",
-			"runtime", rt.Kind(), "why", why)
+	if p, ok := rt.(*runtime.ProcessRuntime); ok {
+		iso := p.Isolation()
+		s.note = processNote(cfg.Runtime, why, iso)
+		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
+			"runtime", rt.Kind(), "why", why, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
 		return s, s.startProcess(ctx, cfg)
 	}
 
@@ -239,14 +246,28 @@ func placeBytecode(root string, files []runtime.File) (int, error) {
 	return n, nil
 }
 
-// processNote is the tool description's sentence about the process
-// runtime.
-func processNote(configured runtime.Kind, why string) string {
-	n := "Isolation: each call is a fresh process in its own empty working directory (its /tmp), with limits on memory, processes, file size and CPU time, but no container of its own; the container the server runs in is the boundary."
+// processNote is the tool description's paragraph about the process
+// runtime: what each call gets, what this host lacks of it, and what the
+// code must do differently.
+func processNote(configured runtime.Kind, why string, iso runtime.ProcessIsolation) string {
+	n := "Isolation: " + iso.Summary() + "."
 	if configured == runtime.Auto && why != "" {
 		n += " (Chosen because " + why + ".)"
 	}
+	if names := missingNames(iso.Missing); names != "" {
+		n += " This host lacks: " + names + "."
+	}
+	n += " Here /tmp means the call's working directory (also $TMPDIR and $HOME): use relative paths, and leave files to return in outputs/ there; the machine's /tmp is not writable." +
+		" There are no IP sockets, and multiprocessing's pools, queues and locks are not available (they need the machine's /dev/shm): use threads."
 	return n
+}
+
+func missingNames(ms []host.Missing) string {
+	names := make([]string, len(ms))
+	for i, m := range ms {
+		names[i] = m.What
+	}
+	return strings.Join(names, ", ")
 }
 
 // startProcess readies the process runtime: the host's interpreter, its

@@ -1,0 +1,100 @@
+package policy
+
+import (
+	"slices"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// The process runtime runs each call as a process of the server's own
+// machine, with no namespaces of its own: what a container would hide, the
+// call shares with the server and every other call, unless the code is
+// kept from it. These are the rules that keep it, on top of the
+// container's: what the code's Landlock domain may read (the interpreter,
+// its libraries and packages are under these, the server's files and
+// other calls' dirs are not), and the syscalls it may not make.
+
+// ProcessReadable lists what the code of a process-runtime call may read,
+// besides its own dir and the interpreter: the system's program and
+// library trees, the few files of /etc that the C library and Python
+// read, /proc (whose per-process files of anything outside the call's
+// domain Landlock refuses) and the CPU topology numeric libraries size
+// their thread pools by. An entry ending in * is a glob.
+func ProcessReadable() []string {
+	return []string{
+		"/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin",
+		"/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/hosts", "/etc/host.conf", "/etc/localtime",
+		"/etc/timezone", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/ssl",
+		"/etc/ca-certificates", "/etc/mime.types", "/etc/os-release", "/etc/alternatives", "/etc/fonts",
+		"/etc/matplotlibrc", "/etc/python3*",
+		"/proc", "/sys/devices/system/cpu",
+	}
+}
+
+// ProcessDevices are the device nodes a process-runtime call may open:
+// the sandbox's own set.
+func ProcessDevices() []string {
+	var paths []string
+	for _, d := range Devices() {
+		paths = append(paths, d.Path)
+	}
+	return paths
+}
+
+// DeniedInProcess returns what the process runtime's filter refuses on top
+// of the sandbox's (DeniedSyscalls): the interfaces that a container
+// namespaces and this runtime shares.
+func DeniedInProcess() []Denied {
+	return []Denied{
+		{[]string{"shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
+			"semget", "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
+			"mq_timedreceive", "mq_notify", "mq_getsetattr"},
+			"the machine's IPC namespace is the server's and every other call's"},
+	}
+}
+
+// ProcessSocketFamilies are the only socket families a process-runtime
+// call may open: unix sockets (pipes between its own processes, and the
+// abstract ones Landlock scopes to the call) and netlink (reading its
+// interfaces). IP sockets would be on the machine's own network, its
+// loopback shared with the server and every other call.
+func ProcessSocketFamilies() []int {
+	return []int{unix.AF_UNIX, unix.AF_NETLINK}
+}
+
+// ProcessSeccomp returns the process runtime's filter: the sandbox's
+// (Seccomp), with the DeniedInProcess groups refused and socket allowed
+// only for ProcessSocketFamilies.
+func ProcessSeccomp() *specs.LinuxSeccomp {
+	s := Seccomp()
+	refused := map[string]bool{"socket": true}
+	for _, d := range DeniedInProcess() {
+		for _, n := range d.Names {
+			refused[n] = true
+		}
+	}
+	var rules []specs.LinuxSyscall
+	for _, r := range s.Syscalls {
+		if r.Action == specs.ActAllow {
+			r.Names = slices.DeleteFunc(slices.Clone(r.Names), func(n string) bool { return refused[n] })
+			if len(r.Names) == 0 {
+				continue
+			}
+		}
+		rules = append(rules, r)
+	}
+	for _, family := range ProcessSocketFamilies() {
+		rules = append(rules, specs.LinuxSyscall{
+			Names:  []string{"socket"},
+			Action: specs.ActAllow,
+			Args:   []specs.LinuxSeccompArg{{Index: 0, Value: uint64(family), Op: specs.OpEqualTo}},
+		})
+	}
+	for _, d := range DeniedInProcess() {
+		eperm := uint(unix.EPERM)
+		rules = append(rules, specs.LinuxSyscall{Names: slices.Clone(d.Names), Action: specs.ActErrno, ErrnoRet: &eperm})
+	}
+	s.Syscalls = rules
+	return s
+}
