@@ -401,7 +401,9 @@ static void drain(struct stream *s, uint64_t cap) {
 static void on_stdout(struct init *in, short revents) { (void)revents; drain(&in->out, in->c.max_output); }
 static void on_stderr(struct init *in, short revents) { (void)revents; drain(&in->err, in->c.max_output); }
 
-// on_signal reaps; the end of the code's main process ends the rest of it.
+// on_signal reaps; the end of the code's main process ends the rest of
+// it. In the process runtime each death after that may hand the init more
+// orphans (the children of what it just killed), which are killed in turn.
 static void on_signal(struct init *in, short revents) {
 	(void)revents;
 	struct signalfd_siginfo si;
@@ -409,18 +411,21 @@ static void on_signal(struct init *in, short revents) {
 		if (si.ssi_signo == SIGTERM)
 			host_gone(in); // the process runtime's parent-death signal
 	}
+	int reaped = 0;
 	for (;;) {
 		int st;
 		pid_t w = waitpid(-1, &st, WNOHANG);
 		if (w <= 0)
-			return;
+			break;
+		reaped = 1;
 		if (w == in->child && in->phase != EXITED) {
 			in->phase = EXITED;
 			in->status = st;
 			clock_gettime(CLOCK_MONOTONIC, &in->t_exited);
-			kill_code(in);
 		}
 	}
+	if (reaped && in->phase == EXITED)
+		kill_code(in);
 }
 
 // on_scratch measures the work dir on a change (or a poll's timeout).
