@@ -238,7 +238,9 @@ print("main done", flush=True)`, marker)
 				t.Fatalf("killing the init %d: %v", init, err)
 			}
 			killed := time.Now()
-			defer func() { t.Logf("the call's processes were gone %v after its init was killed", time.Since(killed).Round(time.Millisecond)) }()
+			defer func() {
+				t.Logf("the call's processes were gone %v after its init was killed", time.Since(killed).Round(time.Millisecond))
+			}()
 			select {
 			case out := <-done:
 				if out.ExitCode != 137 {
