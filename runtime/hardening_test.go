@@ -134,7 +134,23 @@ print(json.dumps(out))`, &got)
 // exhausts its inotify instances and POSIX message queue bytes leaves the
 // other both.
 func TestPerUserLimitsNotShared(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, func(t *testing.T, h *harness) { perUserLimitsNotShared(t, h, h) })
+}
+
+// Nor do two calls of two server instances (each stdio client starts
+// one): call slots are claimed host-wide, whatever the state dir, so the
+// first slot of one is never the first of the other.
+func TestSlotsUniqueOnTheHost(t *testing.T) {
+	a := newHarness(t, runtime.Libcontainer, policy.DefaultLimits())
+	b := newHarness(t, runtime.Libcontainer, policy.DefaultLimits())
+	perUserLimitsNotShared(t, a, b)
+}
+
+// perUserLimitsNotShared runs the exhausting call on a and the probe on b,
+// at the same time.
+func perUserLimitsNotShared(t *testing.T, h, other *harness) {
+	t.Helper()
+	{
 		exhaust := `import ctypes, json, os, time
 libc = ctypes.CDLL(None, use_errno=True)
 n = 0
@@ -203,7 +219,7 @@ print(json.dumps({"inotify_errno": ino_err, "mq_errno": mq_err}))`
 			})
 		}
 		var got struct{ InotifyErrno, MqErrno int }
-		res := h.mustRun(probe)
+		res := other.mustRun(probe)
 		if err := json.Unmarshal(res.Stdout, &got); err != nil {
 			t.Fatalf("probe: %v\n%s\n%s", err, res.Stdout, res.Stderr)
 		}
@@ -215,7 +231,7 @@ print(json.dumps({"inotify_errno": ino_err, "mq_errno": mq_err}))`
 		if got.MqErrno != 0 && !(h.kind == runtime.Runsc && got.MqErrno == 38) {
 			t.Errorf("mq_open in a second call failed with errno %d while the first held its limit", got.MqErrno)
 		}
-	})
+	}
 }
 
 // countInotify counts the inotify instances held by the processes of a
