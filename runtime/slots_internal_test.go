@@ -1,11 +1,17 @@
 package runtime
 
-import "testing"
+import (
+	"os"
+	"testing"
+)
 
 // Claims are host-wide: two claimers of one dir (two instances) never hold
 // one index at once, and an index given up is taken again.
 func TestSlotClaims(t *testing.T) {
 	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	a, b := &slotClaims{dir: dir, base: DefaultUIDBase}, &slotClaims{dir: dir, base: DefaultUIDBase}
 	first, err := a.claim()
 	if err != nil {
