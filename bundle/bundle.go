@@ -8,7 +8,9 @@
 //     libcontainer sandbox joins (its call slot's), and translates only what
 //     it must to give the same effect (runsc turns an ENOSYS rule for a
 //     syscall gVisor does not implement into an allow, since this runsc
-//     ignores errnoRet and gVisor answers ENOSYS itself);
+//     ignores errnoRet and gVisor answers ENOSYS itself, and drops the
+//     recursive mount options it refuses, its bind mounts being read-only
+//     all the way down by nature);
 //   - the spec is built by small named steps in a fixed order, each testable
 //     alone, and every value comes from policy or from the Config;
 //   - the rootfs is shared by every call and mounted read-only: nothing in

@@ -144,9 +144,12 @@ func withMounts(s *specs.Spec, cfg Config) {
 			Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	}
 	if cfg.PackagesDir != "" {
-		// Extension modules are mapped executable: no noexec here.
+		// Read-only, nosuid and nodev all the way down: a mount below the
+		// dir on the host comes in too (rbind), and a plain "ro" would
+		// make only the top one read-only. Extension modules are mapped
+		// executable: no noexec here.
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: cfg.PackagesMount, Type: "bind", Source: cfg.PackagesDir,
-			Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+			Options: []string{"rbind", "ro", "nosuid", "nodev", "rro", "rnosuid", "rnodev"}})
 	}
 }
 

@@ -119,10 +119,43 @@ func Check(dir string) error {
 	} else if fi, err := os.Stat(p); err != nil || !fi.Mode().IsRegular() {
 		problems = append(problems, "/etc/passwd is not a file")
 	}
+	if below := MountsBelow(dir); len(below) > 0 {
+		// The runtime binds the root recursively and makes only its top
+		// read-only: a mount below it would come in writable.
+		problems = append(problems, fmt.Sprintf("it has mounts below it (%s), which the sandbox would see writable: unmount them",
+			strings.Join(below, ", ")))
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("rootfs %s is not usable: %s", dir, strings.Join(problems, "; "))
 	}
 	return nil
+}
+
+// MountsBelow lists the mount points strictly below dir in this process's
+// mount namespace.
+func MountsBelow(dir string) []string {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var below []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// id parent maj:min root mountpoint ...; the mount point escapes
+		// blanks as \040.
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(f[4])
+		if mp != real && within(mp, real) {
+			below = append(below, mp)
+		}
+	}
+	return below
 }
 
 // resolveIn resolves p as a process chrooted into root would, following

@@ -372,6 +372,27 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// A rootfs with a mount below it is refused: the runtime binds the root
+// recursively and makes only its top read-only, so the mount would come
+// into the sandbox writable.
+func TestCheckRefusesMountsBelow(t *testing.T) {
+	testenv.Root(t)
+	_, built := builtRootfs(t)
+	sub := filepath.Join(built, "usr", "mcp-exec-mount-test")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(sub)
+	if err := syscall.Mount("tmpfs", sub, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Unmount(sub, syscall.MNT_DETACH)
+	err := Check(built)
+	if err == nil || !strings.Contains(err.Error(), "mounts below it") || !strings.Contains(err.Error(), sub) {
+		t.Errorf("Check of a rootfs with a mount at %s = %v, want a refusal naming it", sub, err)
+	}
+}
+
 // A mount point that is a symlink could send the runtime's mount out of the
 // rootfs; Check must refuse it.
 func TestCheckRejectsSymlinkedMountPoint(t *testing.T) {

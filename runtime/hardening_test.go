@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -128,6 +129,61 @@ print(json.dumps(out))`, &got)
 			t.Logf("mountinfo names the server instance (documented): %s", got["mountinfo"])
 		}
 	})
+}
+
+// The packages dir is read-only, nosuid and nodev all the way down: a
+// mount below it on the host comes into the sandbox, read-only too, and
+// nothing the code writes there reaches the host.
+func TestBindsReadOnlyAllTheWayDown(t *testing.T) {
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, policy.DefaultLimits())
+			withBatteries(t, h)
+			sub := filepath.Join(h.cfg.PackagesDir, "submount")
+			if err := os.Mkdir(sub, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := syscall.Mount("tmpfs", sub, "tmpfs", 0, "size=1m,mode=0777"); err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Unmount(sub, syscall.MNT_DETACH)
+			if err := os.WriteFile(filepath.Join(sub, "mcp_exec_sub.py"), []byte("VALUE = 7\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var got map[string]any
+			h.probe(fmt.Sprintf(`import json, os, sys
+d = %q
+sys.path.insert(0, d + "/submount")
+import mcp_exec_sub
+out = {"imported": mcp_exec_sub.VALUE, "opts": [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4].startswith(d)]}
+for name, p in [("top", d + "/planted"), ("below", d + "/submount/planted")]:
+    try:
+        open(p, "w").write("x"); out[name] = 0
+    except OSError as e:
+        out[name] = e.errno
+print(json.dumps(out))`, h.cfg.PackagesMount), &got)
+			if got["imported"] != float64(7) {
+				t.Errorf("the submount's module did not import: %v", got)
+			}
+			for _, k := range []string{"top", "below"} {
+				if got[k] == float64(0) {
+					t.Errorf("writing in the packages dir (%s): succeeded, want it refused", k)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(sub, "planted")); err == nil {
+				t.Errorf("the code wrote a file onto the host through the packages dir's submount")
+			}
+			if kind == runtime.Libcontainer {
+				for _, o := range got["opts"].([]any) {
+					for _, want := range []string{"ro", "nosuid", "nodev"} {
+						if !slices.Contains(strings.Split(o.(string), ","), want) {
+							t.Errorf("a mount of the packages dir has options %q, want %s", o, want)
+						}
+					}
+				}
+			}
+		})
+	}
 }
 
 // Two concurrent calls do not share per-user kernel limits: one that

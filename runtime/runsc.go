@@ -150,6 +150,7 @@ func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox
 	if s := b.Spec.Linux.Seccomp; s != nil {
 		b.Spec.Linux.Seccomp = gvisorSeccomp(s, r.info.Unimplemented)
 	}
+	b.Spec.Mounts = gvisorMounts(b.Spec.Mounts)
 	if err := b.WriteSpec(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}

@@ -4,10 +4,27 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
+
+// gvisorMounts returns the bundle's mounts as this runsc takes them: it
+// refuses the recursive options (rro, rnosuid, rnodev), which it does not
+// need: a bind mount is one mount of gVisor's own kernel, whose flags
+// cover all the gofer serves below it, host mounts there included
+// (TestBindsReadOnlyAllTheWayDown).
+func gvisorMounts(ms []specs.Mount) []specs.Mount {
+	out := make([]specs.Mount, len(ms))
+	for i, m := range ms {
+		m.Options = slices.DeleteFunc(slices.Clone(m.Options), func(o string) bool {
+			return o == "rro" || o == "rnosuid" || o == "rnodev"
+		})
+		out[i] = m
+	}
+	return out
+}
 
 // gvisorSeccomp returns the bundle's seccomp section as this runsc can
 // apply it with --oci-seccomp. It changes one thing: runsc before 2023
