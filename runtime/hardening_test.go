@@ -124,9 +124,11 @@ print(json.dumps(out))`, &got)
 				t.Errorf("%s is readable: %.80q", p, got[p])
 			}
 		}
-		// The server's state dir is named in no mount the code sees.
-		if strings.Contains(got["mountinfo"], runtime.InstanceID(h.rt)) {
-			t.Logf("mountinfo names the server instance (documented): %s", got["mountinfo"])
+		// The server's state dir and instance are named in no mount the
+		// code sees (the rootfs's cache path is: docs/sandbox.md).
+		if inst := runtime.InstanceID(h.rt); strings.Contains(got["mountinfo"], inst) ||
+			strings.Contains(got["mountinfo"], filepath.Dir(runtime.InstanceDir(h.rt))) {
+			t.Errorf("mountinfo names the server's state dir or instance %s:\n%s", inst, got["mountinfo"])
 		}
 	})
 }
@@ -595,11 +597,16 @@ func TestDeadServerBackstop(t *testing.T) {
 				t.Fatalf("%d processes of the call outlived their server by 10 s: %v", len(left), left)
 			}
 			t.Logf("the call's processes were gone %v after the server was killed", time.Since(killed).Round(time.Millisecond))
-			// The watchdog removes the cgroups once they are empty.
+			// The watchdog removes the cgroups once they are empty, and the
+			// instance dir's own filesystem.
 			for len(callCgroups(call)) > 0 && time.Since(killed) < 10*time.Second {
 				time.Sleep(20 * time.Millisecond)
 			}
 			assertNoCgroups(t, call, true)
+			waitCond(t, 10*time.Second, "the dead instance's mount to be gone", func() bool {
+				mi, _ := os.ReadFile("/proc/self/mountinfo")
+				return !bytes.Contains(mi, []byte(stateDir))
+			})
 		})
 	}
 }

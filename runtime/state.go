@@ -53,9 +53,16 @@ func newInstance(root string, log *slog.Logger) (_ *instance, retErr error) {
 	}
 	defer func() {
 		if retErr != nil {
+			unmountInstance(dir)
 			os.RemoveAll(dir)
 		}
 	}()
+	// A filesystem of its own: the init the sandboxes bind from here
+	// shows in their /proc/self/mountinfo as "/init" of a tmpfs, not as a
+	// path naming the state dir and the instance.
+	if err := unix.Mount("mcp-exec", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size=512m"); err != nil {
+		return nil, fmt.Errorf("mounting the instance dir: %w", err)
+	}
 	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("creating instance lock: %w", err)
@@ -75,7 +82,7 @@ func newInstance(root string, log *slog.Logger) (_ *instance, retErr error) {
 		lock.Close()
 		return nil, err
 	}
-	if in.wd, err = startWatchdog(id, log); err != nil {
+	if in.wd, err = startWatchdog(id, dir, log); err != nil {
 		lock.Close()
 		return nil, err
 	}
@@ -100,6 +107,7 @@ func (in *instance) cgroupPath(callID string) string {
 func (in *instance) close() error {
 	err := removeCgroupTree(in.id, in.log)
 	in.wd.close()
+	unmountInstance(in.dir)
 	if rerr := removeAllAtomic(in.dir); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
@@ -153,12 +161,20 @@ func sweep(root string, log *slog.Logger) {
 			log.Warn("sweeping cgroups", "instance", name, "err", err)
 		}
 		sweepRunsc(dir, log)
+		unmountInstance(dir)
 		if err := removeAllAtomic(dir); err != nil {
 			log.Warn("sweeping state", "instance", name, "err", err)
 		}
 		if lock != nil {
 			lock.Close()
 		}
+	}
+}
+
+// unmountInstance unmounts an instance dir's own tmpfs, with whatever it
+// holds (lazily: a sandbox being torn down may still hold a file).
+func unmountInstance(dir string) {
+	for unix.Unmount(dir, unix.MNT_DETACH) == nil {
 	}
 }
 

@@ -32,9 +32,10 @@ import (
 // alive or not: a call never runs much past its timeout, even if the
 // server's own timer failed. When its stdin ends — the server exited, was
 // killed, or died in a way that left nothing to send — it kills every
-// process of the instance's cgroups, removes them and exits: a container
-// whose init ignored its parent-death signal (or never got it) is gone
-// within a second of the server.
+// process of the instance's cgroups, removes them and the instance's own
+// filesystem, and exits: a container whose init ignored its parent-death
+// signal (or never got it) is gone within a second of the server, and so
+// is the mount of its instance dir.
 
 // watchdogMarker is the argument that makes this executable a watchdog.
 const watchdogMarker = "__mcp_exec_watchdog__"
@@ -42,8 +43,8 @@ const watchdogMarker = "__mcp_exec_watchdog__"
 // RunWatchdogIfAsked runs the watchdog, and exits, when this process was
 // started as one. The binary's init hook calls it, like libcontainer's.
 func RunWatchdogIfAsked() {
-	if len(os.Args) > 2 && os.Args[1] == watchdogMarker {
-		os.Exit(watchdogMain(os.Args[2], os.Stdin))
+	if len(os.Args) > 3 && os.Args[1] == watchdogMarker {
+		os.Exit(watchdogMain(os.Args[2], os.Args[3], os.Stdin))
 	}
 }
 
@@ -56,13 +57,13 @@ type watchdog struct {
 }
 
 // startWatchdog starts the watchdog of an instance.
-func startWatchdog(instanceID string, log *slog.Logger) (*watchdog, error) {
+func startWatchdog(instanceID, instanceDir string, log *slog.Logger) (*watchdog, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("starting the watchdog: %w", err)
 	}
 	defer r.Close()
-	cmd := exec.Command("/proc/self/exe", watchdogMarker, instanceID)
+	cmd := exec.Command("/proc/self/exe", watchdogMarker, instanceID, instanceDir)
 	cmd.Args[0] = "mcp-exec-watchdog"
 	cmd.Env = []string{}
 	cmd.Dir = "/"
@@ -116,10 +117,10 @@ func (d *watchdog) close() {
 	}
 }
 
-func watchdogMain(instanceID string, in io.Reader) int {
+func watchdogMain(instanceID, instanceDir string, in io.Reader) int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGPIPE)
-	if strings.ContainsAny(instanceID, "/.") || instanceID == "" {
-		fmt.Fprintf(os.Stderr, "mcp-exec watchdog: bad instance id %q\n", instanceID)
+	if strings.ContainsAny(instanceID, "/.") || instanceID == "" || filepath.Base(instanceDir) != instanceID || !filepath.IsAbs(instanceDir) {
+		fmt.Fprintf(os.Stderr, "mcp-exec watchdog: bad instance id %q or dir %q\n", instanceID, instanceDir)
 		return 2
 	}
 	type cmd struct {
@@ -160,6 +161,8 @@ func watchdogMain(instanceID string, in io.Reader) int {
 		t.Stop()
 	}
 	killInstance(instanceID)
+	unmountInstance(instanceDir)
+	removeAllAtomic(instanceDir)
 	return 0
 }
 
