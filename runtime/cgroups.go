@@ -10,6 +10,8 @@ import (
 
 	"github.com/opencontainers/cgroups"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/inhuman/mcp-exec/policy"
 )
@@ -29,6 +31,7 @@ func cgroupVerdict(paths map[string]string, res *Result) {
 		}
 		res.OOMKilled = oom > 0
 		res.PeakMemoryBytes = readInt(filepath.Join(p, "memory.max_usage_in_bytes"))
+		res.SocketPeakBytes = readInt(filepath.Join(p, "memory.kmem.tcp.max_usage_in_bytes"))
 	} else if p, ok := paths[""]; ok { // cgroup v2
 		res.OOMKilled = readKeyed(filepath.Join(p, "memory.events"), "oom_kill") > 0
 		res.PeakMemoryBytes = readInt(filepath.Join(p, "memory.peak"))
@@ -124,6 +127,46 @@ func limitSockets(paths map[string]string, bytes int64) error {
 	f := filepath.Join(p, "memory.kmem.tcp.limit_in_bytes")
 	if err := os.WriteFile(f, []byte(strconv.FormatInt(bytes, 10)), 0); err != nil {
 		return fmt.Errorf("limiting socket memory: %w", err)
+	}
+	return nil
+}
+
+// loopbackMTU is the sandbox's loopback MTU (and largest segment) on
+// cgroup v1: the kernel charges socket memory to the call's bound but
+// lets each TCP socket go past it by a segment or so, so that a stalled
+// connection still makes progress; with 64 KiB segments, thousands of
+// loopback connections pile those up to several times the bound. With
+// small ones the overshoot stays below what the sockets themselves take
+// from the memory limit (measured: about 12 KiB a connection), and the
+// supervision's socket poll kills the call past half the bound again.
+const loopbackMTU = 1280
+
+// shrinkLoopback sets the MTU and the largest GSO segment of lo in the
+// network namespace of pid, on cgroup v1 (where socket memory has a
+// bound of its own).
+func shrinkLoopback(paths map[string]string, pid int) error {
+	if _, v1 := paths["memory"]; !v1 {
+		return nil
+	}
+	ns, err := netns.GetFromPath(fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return fmt.Errorf("opening the sandbox's network namespace: %w", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("entering the sandbox's network namespace: %w", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("finding the sandbox's loopback: %w", err)
+	}
+	if err := h.LinkSetGSOMaxSize(lo, loopbackMTU); err != nil {
+		return fmt.Errorf("setting the sandbox's loopback segment size: %w", err)
+	}
+	if err := h.LinkSetMTU(lo, loopbackMTU); err != nil {
+		return fmt.Errorf("setting the sandbox's loopback MTU: %w", err)
 	}
 	return nil
 }

@@ -234,6 +234,13 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ 
 	if err := limitSockets(sb.cgPaths, socketBytes(b.Spec)); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
+	pid, err := proc.Pid()
+	if err != nil {
+		return nil, fmt.Errorf("%w: container %s has no init: %w", ErrSandbox, b.ID, err)
+	}
+	if err := shrinkLoopback(sb.cgPaths, pid); err != nil {
+		return nil, fmt.Errorf("%w: container %s: %w", ErrSandbox, b.ID, err)
+	}
 	if err := sb.sess.waitReady(ctx, sb); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -150,6 +150,10 @@ type Result struct {
 	CPUThrottled time.Duration
 	// PeakMemoryBytes is the highest memory use, when the runtime knows it.
 	PeakMemoryBytes int64
+	// SocketPeakBytes is the most socket buffer memory the kernel charged
+	// to the call where it counts it apart from the memory limit (cgroup
+	// v1; 0 elsewhere, where the memory limit covers it).
+	SocketPeakBytes int64
 	// Files are the regular files the code left under /tmp/outputs, within
 	// the sandbox's limits; FilesTruncated says one was left out for them.
 	Files          []File
