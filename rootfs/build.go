@@ -725,10 +725,11 @@ feed:
 
 // fileMode is the mode a copy gets: root owns the rootfs and the sandbox
 // (uid 65532, "others") must read everything and run what the host can run.
-// setuid/setgid would be inert under no_new_privs and world-writable bits
-// meaningless on a read-only root; both go.
+// setuid/setgid would be inert under no_new_privs, and group- and
+// world-writable bits would let whoever shares the cache's group or uid
+// change what every sandbox runs; all go.
 func fileMode(host fs.FileMode) fs.FileMode {
-	m := host.Perm() &^ 0o002
+	m := host.Perm() &^ 0o022
 	m |= 0o004
 	if m&0o111 != 0 {
 		m |= 0o001

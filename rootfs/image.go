@@ -19,7 +19,7 @@ package rootfs
 //   - The flattened tree holds only dirs, regular files and symlinks, owned by
 //     the flattening user (root, for a server run as root), readable by
 //     everyone (the sandbox is uid 65532, "others"), with no setuid, setgid,
-//     sticky (but /tmp's), world-writable bit or file capability. Device
+//     sticky (but /tmp's), group- or world-writable bit or file capability. Device
 //     nodes, FIFOs and sockets in a layer are skipped: the runtime mounts
 //     /dev, and a read-only root has no use for the rest.
 //   - The sandbox's /etc/passwd, group, hosts, hostname and nsswitch.conf
@@ -75,7 +75,8 @@ const ImageEnv = "MCP_EXEC_ROOTFS_IMAGE"
 // whenever FlattenImage puts something different into the dir (another mode
 // rule, another file dropped), so that no server runs on an image flattened
 // by an older mcp-exec. etcFiles and MountPoints are in the key themselves.
-const imageFormat = "image-v1"
+// v2: group-write stripped too.
+const imageFormat = "image-v2"
 
 // imagePrefix starts the name of every cached image:
 // image-<config digest hex>-<overlayKey>.
@@ -1106,10 +1107,12 @@ func (x *extractor) removeLower(dir string) error {
 
 // imageFileMode is the mode a file of an image gets: readable (and, if
 // anyone may run it, runnable) by the sandbox, which is "others"; no setuid,
-// setgid or sticky bit, nothing world-writable. The same rule as build.go's
-// fileMode, kept apart so that the two may change independently.
+// setgid or sticky bit, nothing group- or world-writable: the cache is
+// shared by every server, and a group-writable file in it is one whoever
+// shares the group could change under every sandbox. The same rule as
+// build.go's fileMode, kept apart so that the two may change independently.
 func imageFileMode(m fs.FileMode) fs.FileMode {
-	perm := m.Perm()&^0o002 | 0o004
+	perm := m.Perm()&^0o022 | 0o004
 	if perm&0o111 != 0 {
 		perm |= 0o001
 	}

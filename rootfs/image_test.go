@@ -426,8 +426,8 @@ func checkSafeTree(t *testing.T, root string) {
 			if mode != 0o1777 {
 				t.Errorf("/tmp: mode %04o, want 1777", mode)
 			}
-		} else if mode&0o1002 != 0 {
-			t.Errorf("%s: mode %04o is world-writable or sticky", rel, mode)
+		} else if mode&0o1022 != 0 {
+			t.Errorf("%s: mode %04o is group- or world-writable, or sticky", rel, mode)
 		}
 		if mode&0o004 == 0 || (kind == unix.S_IFDIR && mode&0o001 == 0) {
 			t.Errorf("%s: mode %04o, want readable by others", rel, mode)
@@ -491,6 +491,7 @@ func TestFlattenImageMalicious(t *testing.T) {
 		dirEntry("sgid", 0o2777),
 		regEntry("sgid/f", "f", 0o600),
 		regEntry("ww", "ww", 0o666),
+		regEntry("gw", "gw", 0o664),
 		regEntry("private", "private", 0o600),
 		{hdr: tar.Header{Typeflag: tar.TypeChar, Name: "devnull", Mode: 0o666, Devmajor: 1, Devminor: 3}},
 		{hdr: tar.Header{Typeflag: tar.TypeBlock, Name: "sda", Mode: 0o660, Devmajor: 8}},
@@ -523,7 +524,8 @@ func TestFlattenImageMalicious(t *testing.T) {
 		{"suid", `file 0755 "suid"`},
 		{"sgid", "dir 0755"},
 		{"sgid/f", `file 0604 "f"`},
-		{"ww", `file 0664 "ww"`},
+		{"ww", `file 0644 "ww"`},
+		{"gw", `file 0644 "gw"`},
 		{"private", `file 0604 "private"`},
 		{"devnull", "absent"},
 		{"sda", "absent"},
@@ -882,7 +884,7 @@ func TestFlattenImagePrepare(t *testing.T) {
 	}
 	for _, c := range []struct{ path, want string }{
 		{"usr/local/bin/compiled.pyc", `file 0644 "pyc"`},
-		{"suid", `file 0775 "x"`},
+		{"suid", `file 0755 "x"`},
 		{"fifo", "absent"},
 		{"tmp/left", "absent"},
 		{"etc/passwd", fmt.Sprintf("file 0644 %q", etcFiles[0].content)},

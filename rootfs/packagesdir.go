@@ -3,6 +3,7 @@ package rootfs
 import (
 	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -37,6 +38,9 @@ func CheckPackagesDir(dir, rootfsDir string) error {
 	if err != nil {
 		return fmt.Errorf("MCP_EXEC_PACKAGES_DIR: %w", err)
 	}
+	if err := readableByOthers(dir); err != nil {
+		return fmt.Errorf("MCP_EXEC_PACKAGES_DIR: %w", err)
+	}
 	want := elfKind{}
 	if exe, err := resolveIn(rootfsDir, PythonPath); err == nil {
 		if obj, err := readELF(exe); err == nil {
@@ -64,6 +68,53 @@ func CheckPackagesDir(dir, rootfsDir string) error {
 		msg += fmt.Sprintf("; and %d more", n)
 	}
 	return fmt.Errorf("MCP_EXEC_PACKAGES_DIR: %s: shared objects cannot be loaded in the sandbox: %s", dir, msg)
+}
+
+// readableByOthers checks that the sandbox's user — an unprivileged uid
+// the host knows nothing of, "others" to every file — can reach dir and
+// read all of it: else the server would start with the packages silently
+// missing from every sandbox.
+func readableByOthers(dir string) error {
+	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s has mode %v: the sandbox's user cannot reach %s through it (chmod o+x %s)", p, fi.Mode().Perm(), dir, p)
+		}
+		if p == "/" {
+			break
+		}
+	}
+	var bad []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		need := fs.FileMode(0o004)
+		if d.IsDir() {
+			need = 0o005
+		}
+		if d.Type()&fs.ModeSymlink == 0 && fi.Mode().Perm()&need != need {
+			bad = append(bad, fmt.Sprintf("%s (mode %v)", p, fi.Mode().Perm()))
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+		}
+		if len(bad) >= maxPackagesDirProblems {
+			return fs.SkipAll
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("checking %s: %w", dir, err)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%s is not all readable by the sandbox's user, an unprivileged uid that is \"others\" to these files: %s; make it readable by all (chmod -R o+rX %s)",
+			dir, strings.Join(bad, ", "), dir)
+	}
+	return nil
 }
 
 // dirChecker checks the objects of one packages dir.

@@ -18,7 +18,7 @@ func wheelDir(t *testing.T) string {
 	if err != nil {
 		t.Skipf("no C compiler to build test objects: %v", err)
 	}
-	dir := t.TempDir()
+	dir := publicTempDir(t)
 	src := t.TempDir()
 	for _, d := range []string{"good", "good.libs", "sub/bad"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -48,6 +48,52 @@ func wheelDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// publicTempDir is a temp dir the sandbox's user could read, as a packages
+// dir must be: t.TempDir makes its dirs 0700.
+func publicTempDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// A packages dir the sandbox's user cannot read (a 0700 dir, a 0600 file)
+// is refused, naming MCP_EXEC_PACKAGES_DIR and the fix: it would otherwise
+// be silently missing from every sandbox.
+func TestCheckPackagesDirUnreadable(t *testing.T) {
+	dir := publicTempDir(t)
+	for _, tc := range []struct {
+		name string
+		prep func(p string) error
+		want string
+	}{
+		{"private dir", func(p string) error { return os.Mkdir(p, 0o700) }, "mode -rwx------"},
+		{"private file", func(p string) error {
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(p, "m.py"), nil, 0o600)
+		}, "m.py (mode -rw-------)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
+			if err := tc.prep(p); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(p, map[bool]os.FileMode{true: 0o700, false: 0o755}[tc.name == "private dir"])
+			err := CheckPackagesDir(p, t.TempDir())
+			if err == nil || !strings.Contains(err.Error(), "MCP_EXEC_PACKAGES_DIR") || !strings.Contains(err.Error(), tc.want) ||
+				!strings.Contains(err.Error(), "chmod -R o+rX") {
+				t.Errorf("CheckPackagesDir(%s) = %v, want a refusal naming MCP_EXEC_PACKAGES_DIR, %q and the fix", tc.name, err, tc.want)
+			}
+		})
+	}
 }
 
 func TestCheckPackagesDir(t *testing.T) {

@@ -190,7 +190,7 @@ func TestBuildPyenvChrooted(t *testing.T) {
 
 // checkLayout checks what every rootfs must be: owned by root (when built
 // as root), every link leading somewhere inside, dirs 0755 (/tmp 1777),
-// files world-readable, neither setuid, setgid nor world-writable, nothing
+// files world-readable, neither setuid, setgid nor group- or world-writable, nothing
 // else. It returns the number and size of the regular files.
 func checkLayout(t *testing.T, root string) (files int, size int64) {
 	t.Helper()
@@ -225,8 +225,8 @@ func checkLayout(t *testing.T, root string) (files int, size int64) {
 		case mode.IsRegular():
 			files++
 			size += fi.Size()
-			if mode&(fs.ModeSetuid|fs.ModeSetgid) != 0 || mode&0o002 != 0 || mode&0o004 == 0 {
-				t.Errorf("%s: mode %v, want no setuid/setgid, not world-writable, world-readable", rel, mode)
+			if mode&(fs.ModeSetuid|fs.ModeSetgid) != 0 || mode&0o022 != 0 || mode&0o004 == 0 {
+				t.Errorf("%s: mode %v, want no setuid/setgid, not group- or world-writable, world-readable", rel, mode)
 			}
 			if mode&0o100 != 0 && mode&0o001 == 0 {
 				t.Errorf("%s: mode %v, executable but not by others", rel, mode)

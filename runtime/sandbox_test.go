@@ -969,3 +969,28 @@ subprocess.Popen([sys.executable, "-c", "import time\nf = open('/tmp/outputs/gro
 		t.Logf("5000 files, a 200-deep tree and a growing file: returned %d files in %v", len(res.Files), took)
 	})
 }
+
+// Outputs the code made unreadable are reported, not silently missing:
+// files_truncated, and a note at the end of the stderr.
+func TestUnreadableOutputsAreReported(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		for _, tc := range []struct{ name, code string }{
+			{"the dir", `import os
+open("/tmp/outputs/a.txt", "w").write("a")
+os.chmod("/tmp/outputs", 0)`},
+			{"a subdir", `import os
+os.makedirs("/tmp/outputs/sub")
+open("/tmp/outputs/sub/b.txt", "w").write("b")
+open("/tmp/outputs/top.txt", "w").write("t")
+os.chmod("/tmp/outputs/sub", 0)`},
+		} {
+			res := h.mustRun(tc.code)
+			if res.ExitCode != 0 {
+				t.Fatalf("%s: exit %d: %s", tc.name, res.ExitCode, res.Stderr)
+			}
+			if !res.FilesTruncated || !strings.Contains(string(res.Stderr), "mcp-exec: some of outputs/ could not be read") {
+				t.Errorf("%s made unreadable: files %d, truncated %v, stderr %q; want it said", tc.name, len(res.Files), res.FilesTruncated, res.Stderr)
+			}
+		}
+	})
+}

@@ -108,12 +108,15 @@ func (s *Server) validateFiles(in []inputFile) ([]runtime.File, error) {
 var imageTypes = map[string]bool{"image/png": true, "image/jpeg": true, "image/gif": true, "image/webp": true}
 
 // mimeType guesses a file's media type from its name, else its content.
+// An image block is only ever what the content is: a file named as an
+// image that is not one (HTML named x.png) gets its content's type, and
+// comes back as a resource; a PNG named x.jpg comes back as a PNG.
 func mimeType(name string, data []byte) string {
-	if t := mime.TypeByExtension(path.Ext(name)); t != "" {
-		t, _, _ = strings.Cut(t, ";")
-		return t
+	sniffed, _, _ := strings.Cut(http.DetectContentType(data), ";")
+	t, _, _ := strings.Cut(mime.TypeByExtension(path.Ext(name)), ";")
+	if imageTypes[t] || imageTypes[sniffed] || t == "" {
+		return sniffed
 	}
-	t, _, _ := strings.Cut(http.DetectContentType(data), ";")
 	return t
 }
 

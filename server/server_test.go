@@ -675,3 +675,30 @@ func TestExecFiles(t *testing.T) {
 		}
 	}
 }
+
+// An image block is only ever what the content is: HTML named x.png is a
+// resource, a PNG named x.jpg a PNG.
+func TestMimeType(t *testing.T) {
+	png := []byte("\x89PNG\r\n\x1a\n0000")
+	html := []byte("<!DOCTYPE html><html><script>alert(1)</script></html>")
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"plot.png", png, "image/png"},
+		{"x.png", html, "text/html"},
+		{"x.jpg", png, "image/png"},
+		{"x.png", []byte{0, 1, 2, 3}, "application/octet-stream"},
+		{"data.csv", []byte("a,b\n"), "text/csv"},
+		{"notes", []byte("hello"), "text/plain"},
+		{"photo.gif", []byte("GIF89a......"), "image/gif"},
+	} {
+		if got := mimeType(tc.name, tc.data); got != tc.want {
+			t.Errorf("mimeType(%q, %.12q) = %q, want %q", tc.name, tc.data, got, tc.want)
+		}
+	}
+	if c, ok := fileContent(runtime.File{Path: "x.png", Data: html}, mimeType("x.png", html)).(*mcp.EmbeddedResource); !ok || c.Resource.Text != string(html) {
+		t.Errorf("HTML named x.png: content %#v, want a text resource", c)
+	}
+}

@@ -54,6 +54,9 @@ type config struct {
 	StateDir       string
 	RunscPath      string
 	RunscPlatform  string
+	// Warnings are what loadConfig found worth saying but not refusing;
+	// serve logs them once its logger exists.
+	Warnings []string
 }
 
 func defaultConfig() config {
@@ -183,6 +186,11 @@ func (c *config) readAuthTokenFile() error {
 	data, err := os.ReadFile(c.AuthTokenFile)
 	if err != nil {
 		return fmt.Errorf("MCP_EXEC_AUTH_TOKEN_FILE: reading the token: %w", err)
+	}
+	if fi, err := os.Stat(c.AuthTokenFile); err == nil && fi.Mode().Perm()&0o004 != 0 {
+		c.Warnings = append(c.Warnings, fmt.Sprintf("MCP_EXEC_AUTH_TOKEN_FILE %s is readable by every user (mode %v): "+
+			"whoever on this host can read it can call the server; make it 0400 (Kubernetes: the Secret volume's defaultMode: 0400)",
+			c.AuthTokenFile, fi.Mode().Perm()))
 	}
 	c.AuthToken = strings.TrimRight(string(data), "\r\n")
 	if c.AuthToken == "" {

@@ -19,17 +19,23 @@ func TestAuthTokenFile(t *testing.T) {
 		return p
 	}
 	good := write("good", "0123456789abcdef0123\n")
+	public := write("public", "0123456789abcdef0123\n")
+	if err := os.Chmod(public, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	empty := write("empty", "\n")
 	tests := []struct {
 		name      string
 		env       map[string]string
 		wantToken string
 		wantErr   string
+		wantWarn  string
 	}{
-		{"file, newline trimmed", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": good}, "0123456789abcdef0123", ""},
-		{"both set", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": good, "MCP_EXEC_AUTH_TOKEN": "0123456789abcdef0123"}, "", "both set"},
-		{"missing file", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": filepath.Join(dir, "nope")}, "", "MCP_EXEC_AUTH_TOKEN_FILE: reading the token"},
-		{"empty file", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": empty}, "", "is empty"},
+		{"file readable by all: a warning", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": public}, "0123456789abcdef0123", "", "readable by every user (mode -rw-r--r--)"},
+		{"file, newline trimmed", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": good}, "0123456789abcdef0123", "", ""},
+		{"both set", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": good, "MCP_EXEC_AUTH_TOKEN": "0123456789abcdef0123"}, "", "both set", ""},
+		{"missing file", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": filepath.Join(dir, "nope")}, "", "MCP_EXEC_AUTH_TOKEN_FILE: reading the token", ""},
+		{"empty file", map[string]string{"MCP_EXEC_AUTH_TOKEN_FILE": empty}, "", "is empty", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -52,6 +58,9 @@ func TestAuthTokenFile(t *testing.T) {
 			}
 			if cfg.AuthToken != tt.wantToken {
 				t.Errorf("loadConfig(%v): AuthToken = %q, want %q", tt.env, cfg.AuthToken, tt.wantToken)
+			}
+			if warned := strings.Join(cfg.Warnings, "; "); tt.wantWarn == "" && warned != "" || !strings.Contains(warned, tt.wantWarn) {
+				t.Errorf("loadConfig(%v): warnings %q, want %q", tt.env, warned, tt.wantWarn)
 			}
 		})
 	}

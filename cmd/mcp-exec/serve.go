@@ -45,6 +45,9 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	sdkLog := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: sdkLevel})).With("component", "mcp")
+	for _, w := range cfg.Warnings {
+		log.Warn(w)
+	}
 
 	audit, err := server.OpenAudit(cfg.AuditLog, stderr, log)
 	if err != nil {
