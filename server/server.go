@@ -328,7 +328,16 @@ func (s *Server) description() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run Python %s code in a fresh, locked-down sandbox: every call gets a new one, torn down afterwards, so nothing persists between calls. ", info.PythonVersion)
 	b.WriteString("The code runs as a script (__main__) and its stdout, stderr and exit code are returned; print what you want to see. ")
-	fmt.Fprintf(&b, "There is no network access. The filesystem is read-only except /tmp (the working directory, a %d MiB tmpfs). ", o.Limits.TmpfsBytes/mib)
+	// The process runtime's call has no /tmp of its own: its working
+	// directory is, and the model must write there by relative paths.
+	process := info.Runtime == string(runtime.Process)
+	dir, outputs := "/tmp", "/tmp/outputs"
+	if process {
+		dir, outputs = "the working directory", "outputs/ in the working directory"
+		fmt.Fprintf(&b, "There is no network access. The code may write only in its working directory, its own /tmp (also $TMPDIR and $HOME, %d MiB in all): use relative paths; the machine's /tmp and everything else are read-only. ", o.Limits.TmpfsBytes/mib)
+	} else {
+		fmt.Fprintf(&b, "There is no network access. The filesystem is read-only except /tmp (the working directory, a %d MiB tmpfs). ", o.Limits.TmpfsBytes/mib)
+	}
 	if len(info.Modules) == 0 {
 		b.WriteString("Only the Python standard library is available. ")
 	} else {
@@ -339,10 +348,10 @@ func (s *Server) description() string {
 	} else {
 		b.WriteString("There is no shell: run programs with subprocess and an argument list. ")
 	}
-	fmt.Fprintf(&b, "To hand the code data, send files (written under /tmp before it starts); to get files back, have the code write them to /tmp/outputs: "+
-		"each comes back as an image or a resource (at most %d files, %d bytes in all). ", o.MaxFiles, o.MaxFileBytes)
+	fmt.Fprintf(&b, "To hand the code data, send files (written under %s before it starts); to get files back, have the code write them to %s: "+
+		"each comes back as an image or a resource (at most %d files, %d bytes in all). ", dir, outputs, o.MaxFiles, o.MaxFileBytes)
 	if slices.Contains(info.Modules, "matplotlib") {
-		b.WriteString("plt.show() saves each figure as a PNG in /tmp/outputs, so a plot comes back as an image. ")
+		fmt.Fprintf(&b, "plt.show() saves each figure as a PNG in %s, so a plot comes back as an image. ", outputs)
 	}
 	fmt.Fprintf(&b, "Limits per call: %d MiB of memory, %d processes/threads, %s CPU; a wall-clock timeout of %s s by default, up to %s s with timeout_s; stdout and stderr are each cut at %d bytes; stdin up to %d bytes. ",
 		o.Limits.MemoryBytes/mib, o.Limits.Pids, strconv.FormatFloat(o.Limits.CPUs, 'f', -1, 64),

@@ -702,3 +702,24 @@ func TestMimeType(t *testing.T) {
 		t.Errorf("HTML named x.png: content %#v, want a text resource", c)
 	}
 }
+
+// Under the process runtime the call's /tmp is its working directory: the
+// description tells the model to write there, by relative paths.
+func TestDescriptionProcess(t *testing.T) {
+	eng := newFakeEngine()
+	eng.info = EngineInfo{Runtime: "process", PythonVersion: "3.11.2", Modules: []string{"matplotlib"}}
+	srv, err := New(eng, testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := srv.description()
+	for _, want := range []string{"may write only in its working directory", "use relative paths", "write them to outputs/ in the working directory",
+		"PNG in outputs/ in the working directory"} {
+		if !strings.Contains(d, want) {
+			t.Errorf("description under the process runtime lacks %q:\n%s", want, d)
+		}
+	}
+	if strings.Contains(d, "/tmp/outputs") || strings.Contains(d, "read-only except /tmp") {
+		t.Errorf("description under the process runtime names the machine's /tmp as the call's:\n%s", d)
+	}
+}

@@ -252,13 +252,13 @@ func placeBytecode(root string, files []runtime.File) (int, error) {
 func processNote(configured runtime.Kind, why string, iso runtime.ProcessIsolation) string {
 	n := "Isolation: " + iso.Summary() + "."
 	if configured == runtime.Auto && why != "" {
-		n += " (Chosen because " + why + ".)"
+		// The reason in full is the operator's (the log, doctor).
+		n += " (MCP_EXEC_RUNTIME=auto chose this: no per-call container can be made here.)"
 	}
 	if names := missingNames(iso.Missing); names != "" {
 		n += " This host lacks: " + names + "."
 	}
-	n += " Here /tmp means the call's working directory (also $TMPDIR and $HOME): use relative paths, and leave files to return in outputs/ there; the machine's /tmp is not writable." +
-		" There are no IP sockets, and multiprocessing's pools, queues and locks are not available (they need the machine's /dev/shm): use threads."
+	n += " There are no IP sockets, and multiprocessing's pools, queues and locks are not available (they need the machine's /dev/shm): use threads."
 	return n
 }
 

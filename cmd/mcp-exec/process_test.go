@@ -71,11 +71,25 @@ func startProcessServer(t *testing.T, asRoot bool, env ...string) *processServer
 // call runs one exec and returns its structured result.
 func (s *processServer) call(t *testing.T, args map[string]any) (execOutput, *mcp.CallToolResult) {
 	t.Helper()
+	out, res, err := s.tryCall(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, res
+}
+
+// tryCall is call for another goroutine than the test's: it fails nothing.
+func (s *processServer) tryCall(args map[string]any) (execOutput, *mcp.CallToolResult, error) {
 	res, err := s.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: args})
 	if err != nil || res.IsError {
-		t.Fatalf("exec: %v %+v\n%s", err, res, s.stderr.String())
+		return execOutput{}, res, fmt.Errorf("exec: %v %+v\n%s", err, res, s.stderr.String())
 	}
-	return decodeOutput(t, res), res
+	var out execOutput
+	b, err := json.Marshal(res.StructuredContent)
+	if err == nil {
+		err = json.Unmarshal(b, &out)
+	}
+	return out, res, err
 }
 
 // probe runs code that prints one JSON object and decodes it.
@@ -215,7 +229,10 @@ print("main done", flush=True)`, marker)
 			// got to it would: its orphans come back to the server.
 			done := make(chan execOutput, 1)
 			go func() {
-				out, _ := s.call(t, map[string]any{"code": fmt.Sprintf(spawn, "60"), "timeout_s": 90})
+				out, _, err := s.tryCall(map[string]any{"code": fmt.Sprintf(spawn, "60"), "timeout_s": 90})
+				if err != nil {
+					t.Error(err)
+				}
 				done <- out
 			}()
 			var daemon int
@@ -267,9 +284,12 @@ func TestProcessCallsDoNotMeet(t *testing.T) {
 			s := startProcessServer(t, m.root)
 			victim := make(chan *mcp.CallToolResult, 1)
 			go func() {
-				_, res := s.call(t, map[string]any{"code": `import os, time
+				_, res, err := s.tryCall(map[string]any{"code": `import os, time
 time.sleep(8)
 print(sorted(os.listdir("outputs")))`, "files": []map[string]any{{"path": "secret.txt", "content": "B-SECRET"}}, "timeout_s": 30})
+				if err != nil {
+					t.Error(err)
+				}
 				victim <- res
 			}()
 			var secret string
@@ -317,6 +337,9 @@ print(json.dumps(out))`})
 				}
 			}
 			res := <-victim
+			if res == nil {
+				t.FailNow()
+			}
 			vout := decodeOutput(t, res)
 			if strings.Contains(vout.Stdout, "planted") {
 				t.Errorf("a file planted by another call came back in the victim's result: %q", vout.Stdout)
@@ -393,7 +416,7 @@ func TestProcessPerUserLimitsNotSharedUnderRoot(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.call(t, map[string]any{"code": `import ctypes, time
+		s.tryCall(map[string]any{"code": `import ctypes, time
 libc = ctypes.CDLL(None, use_errno=True)
 n = 0
 while n < 10000 and libc.inotify_init1(0) >= 0:

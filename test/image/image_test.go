@@ -175,6 +175,131 @@ func TestSeedDropIn(t *testing.T) {
 	}})
 }
 
+// TestSeedDropInIsolates runs, under the 0.5.4 entry's exact flags, the
+// attacks an adversarial review made work on the process runtime before
+// it confined each call: the code reads the server's environment or
+// memory, or signals it; a call's processes outlive it; a call reads or
+// plants files in another's dir (its path in hand: the test finds it with
+// podman exec); the machine's /tmp is written, or the call's dir grows
+// past the /tmp size.
+func TestSeedDropInIsolates(t *testing.T) {
+	const token = "seed-drop-in-token-0123456789"
+	name := containerName()
+	args := append(append([]string{}, seed054...), "--read-only-tmpfs=false",
+		"-e", "MCP_EXEC_AUTH_TOKEN="+token, "-e", "MCP_EXEC_TMPFS_MB=8", "-e", "MCP_EXEC_MAX_FILE_BYTES=1048576")
+	cs := startStdioNamed(t, name, args)
+	// call fails the test with Error, not Fatal: one runs in a goroutine.
+	call := func(args map[string]any) output {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: args})
+		if err != nil || res.IsError {
+			t.Errorf("exec: %v %v", err, res)
+			return output{}
+		}
+		raw, _ := json.Marshal(res.StructuredContent)
+		var got output
+		json.Unmarshal(raw, &got)
+		return got
+	}
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil || len(tools.Tools) != 1 {
+		t.Fatalf("tools/list: %v", err)
+	}
+	t.Logf("the tool's description under the 0.5.4 flags: %s", tools.Tools[0].Description)
+
+	out := call(map[string]any{"code": `import os
+def ppid(pid):
+    return int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1])
+init = os.getppid(); server = ppid(init)
+def try_(name, f):
+    try:
+        f(); print(name, "SUCCEEDED")
+    except OSError as e:
+        print(name, "refused", e.errno)
+try_("environ", lambda: open("/proc/%d/environ" % server, "rb").read())
+try_("mem", lambda: open("/proc/%d/mem" % server, "r+b"))
+try_("signal-server", lambda: os.kill(server, 0))
+try_("signal-init", lambda: os.kill(init, 0))
+try_("machine-tmp", lambda: open("/tmp/mcp-exec-planted", "w").write("x"))
+print("environ-owner", os.stat("/proc/%d/environ" % server).st_uid)`})
+	if strings.Contains(out.Stdout, "SUCCEEDED") || strings.Contains(out.Stdout, token) || !strings.Contains(out.Stdout, "environ-owner 0") {
+		t.Errorf("the code reached the server, its init or the machine's /tmp, or the server is dumpable:\n%s%s", out.Stdout, out.Stderr)
+	}
+
+	marker := "mcp-exec-seed-orphan-" + uuid.NewString()[:8]
+	out = call(map[string]any{"code": fmt.Sprintf(`import os, signal, subprocess, sys, time
+init = os.getppid()
+if os.fork() == 0:
+    os.setsid()
+    try:
+        os.kill(init, signal.SIGKILL)
+    except OSError:
+        pass
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)  # %s"], start_new_session=True)
+    time.sleep(300)
+time.sleep(1)
+print("done")`, marker), "timeout_s": 20})
+	if out.TimedOut || !strings.Contains(out.Stdout, "done") {
+		t.Errorf("the call with a detached grandchild: timed out %v, stdout %q", out.TimedOut, out.Stdout)
+	}
+	out = call(map[string]any{"code": fmt.Sprintf(`import os, time
+marker = %q
+for _ in range(100):
+    left = [p for p in os.listdir("/proc") if p.isdigit() and marker.encode() in open("/proc/%%s/cmdline" %% p, "rb").read()]
+    if not left:
+        break
+    time.sleep(0.05)
+print("left", len(left))`, marker)})
+	if !strings.Contains(out.Stdout, "left 0") {
+		t.Errorf("a process of an earlier call outlived it: %q", out.Stdout)
+	}
+
+	victim := make(chan output, 1)
+	go func() {
+		victim <- call(map[string]any{"code": `import os, time
+time.sleep(8)
+print(sorted(os.listdir("outputs")))`,
+			"files": []map[string]any{{"path": "secret.txt", "content": "B-SECRET"}}, "timeout_s": 30})
+	}()
+	var dir string
+	for deadline := time.Now().Add(30 * time.Second); dir == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		b, _ := exec.Command("podman", "exec", "--user", "65532", name, "sh", "-c", "ls -d /tmp/mcp-exec-*/*/work 2>/dev/null").Output()
+		for _, d := range strings.Fields(string(b)) {
+			if b, _ := exec.Command("podman", "exec", "--user", "65532", name, "test", "-e", d+"/secret.txt").CombinedOutput(); len(b) == 0 {
+				dir = d
+			}
+		}
+	}
+	if dir == "" {
+		t.Fatal("the victim call's dir did not appear")
+	}
+	out = call(map[string]any{"stdin": dir, "code": `import os, sys
+d = sys.stdin.read().strip()
+for name, f in [("read", lambda: open(d + "/secret.txt").read()), ("list", lambda: os.listdir(d)),
+                ("plant", lambda: open(d + "/outputs/planted.txt", "w").write("A"))]:
+    try:
+        print(name, "SUCCEEDED", f())
+    except OSError as e:
+        print(name, "refused", e.errno)`})
+	if strings.Contains(out.Stdout, "SUCCEEDED") {
+		t.Errorf("a call reached another's dir:\n%s", out.Stdout)
+	}
+	if v := <-victim; strings.Contains(v.Stdout, "planted") {
+		t.Errorf("a file planted by another call came back in the victim's result: %q", v.Stdout)
+	}
+
+	out = call(map[string]any{"code": `chunk = b"x" * (1 << 20)
+for i in range(3):
+    with open("f%d" % i, "wb") as f:
+        for _ in range(6):
+            f.write(chunk); f.flush()
+print("wrote 18 MiB")`, "timeout_s": 30})
+	if strings.Contains(out.Stdout, "wrote 18 MiB") || out.ExitCode != 137 {
+		t.Errorf("18 MiB under an 8 MiB /tmp: exit %d, stdout %q, stderr %q; want the call killed at the bound", out.ExitCode, out.Stdout, out.Stderr)
+	}
+}
+
 // TestImageConfig checks what the Dockerfile promises operators: not root
 // by default, stdio by default with the 0.5.4 package set and the auto
 // runtime, the prebuilt rootfs, port 8080, a HEALTHCHECK, OCI labels.
@@ -262,7 +387,12 @@ func containerName() string {
 // stderr are waited for before they are judged.
 func startStdio(t *testing.T, args []string) *mcp.ClientSession {
 	t.Helper()
-	name := containerName()
+	return startStdioNamed(t, containerName(), args)
+}
+
+// startStdioNamed is startStdio with the container's name given.
+func startStdioNamed(t *testing.T, name string, args []string) *mcp.ClientSession {
+	t.Helper()
 	argv := engineArgs(t, name, append(append([]string{"-i"}, args...), image(t)))
 	t.Logf("stdio: podman %s", strings.Join(argv, " "))
 	inR, inW, err := os.Pipe()
