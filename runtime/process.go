@@ -165,12 +165,24 @@ func (r *ProcessRuntime) probe() error {
 				"(docker --cap-add SETUID --cap-add SETGID)", ErrUnsupported)
 		}
 		r.uids = &uidPool{claims: slotClaims{dir: r.cfg.SlotDir, base: r.cfg.UIDBase}}
-		r.iso.UIDPerCall = true
 	}
 	out, err := exec.Command("/proc/self/exe", probeMarker).Output()
 	if err != nil {
 		return fmt.Errorf("%w: probing what the process runtime can apply: %w", ErrSandbox, err)
 	}
+	r.iso = readProbe(out, h.EUID, r.uids != nil)
+	if r.iso.Seccomp {
+		if r.seccomp, err = compileSeccomp(policy.ProcessSeccomp()); err != nil {
+			r.iso.Seccomp = false
+			r.iso.Missing = append(r.iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
+		}
+	}
+	return nil
+}
+
+// readProbe turns the probe's line (probe_confinement in init_helpers.c)
+// into what each call gets and what this host lacks of it.
+func readProbe(out []byte, euid int, uidPerCall bool) ProcessIsolation {
 	got := map[string]int{}
 	for _, kv := range strings.Fields(string(out)) {
 		if k, v, ok := strings.Cut(kv, "="); ok {
@@ -183,44 +195,41 @@ func (r *ProcessRuntime) probe() error {
 		}
 		return nil
 	}
-	var missing []host.Missing
+	iso := ProcessIsolation{UIDPerCall: uidPerCall}
 	const noLandlock = "the code could read the server's files and other calls', and write wherever the server may"
 	switch abi := got["landlock"]; {
 	case abi == 0:
-		missing = append(missing, host.Missing{What: "Landlock", Why: noLandlock,
+		iso.Missing = append(iso.Missing, host.Missing{What: "Landlock", Why: noLandlock,
 			Fix: "Linux 5.13 or later with Landlock enabled (lsm=landlock), and a container engine whose seccomp profile allows the landlock_* syscalls"})
 	case errno("restrict") != nil:
-		missing = append(missing, host.Missing{What: "a Landlock domain", Why: noLandlock,
+		iso.Missing = append(iso.Missing, host.Missing{What: "a Landlock domain", Why: noLandlock,
 			Fix: fmt.Sprintf("the kernel has Landlock ABI %d, but entering a domain failed (%v): allow landlock_restrict_self in the container's seccomp profile", abi, errno("restrict"))})
 	default:
-		r.iso.Landlock = abi
+		iso.Landlock = abi
 		if abi < 6 {
-			missing = append(missing, host.Missing{What: "Landlock scoping (ABI 6)",
+			iso.Missing = append(iso.Missing, host.Missing{What: "Landlock scoping (ABI 6)",
 				Why: "the code may signal, and reach the abstract unix sockets of, the server and other calls of its uid",
 				Fix: fmt.Sprintf("Linux 6.12 or later (this kernel has Landlock ABI %d)", abi)})
 		}
 	}
 	if err := errno("seccomp"); err != nil {
-		missing = append(missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows, IP sockets and System V IPC among them",
+		iso.Missing = append(iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows, IP sockets and System V IPC among them",
 			Fix: fmt.Sprintf("installing a filter failed (%v): allow seccomp(2) in the container's profile", err)})
-	} else if r.seccomp, err = compileSeccomp(policy.ProcessSeccomp()); err != nil {
-		missing = append(missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
 	} else {
-		r.iso.Seccomp = true
+		iso.Seccomp = true
 	}
 	if err := errno("subreaper"); err != nil {
-		missing = append(missing, host.Missing{What: "the child subreaper", Why: "a process of a call whose init died would outlive the call",
+		iso.Missing = append(iso.Missing, host.Missing{What: "the child subreaper", Why: "a process of a call whose init died would outlive the call",
 			Fix: fmt.Sprintf("prctl(PR_SET_CHILD_SUBREAPER) failed: %v", err)})
 	} else {
-		r.iso.Subreaper = true
+		iso.Subreaper = true
 	}
-	if !r.iso.UIDPerCall {
-		missing = append(missing, host.Missing{What: "a uid per call",
-			Why: fmt.Sprintf("every call runs as the server's uid %d and shares the kernel's per-user limits with the others (processes, inotify instances, message queue bytes)", h.EUID),
+	if !uidPerCall {
+		iso.Missing = append(iso.Missing, host.Missing{What: "a uid per call",
+			Why: fmt.Sprintf("every call runs as the server's uid %d and shares the kernel's per-user limits with the others (processes, inotify instances, message queue bytes)", euid),
 			Fix: "run the server as root with CAP_SETUID and CAP_SETGID (docker --user 0:0 --cap-add SETUID --cap-add SETGID)"})
 	}
-	r.iso.Missing = missing
-	return nil
+	return iso
 }
 
 func (r *ProcessRuntime) Kind() Kind        { return Process }

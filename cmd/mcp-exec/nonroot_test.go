@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -373,5 +374,48 @@ func expectFullSandbox(t *testing.T, caps []string, runWith func(*testing.T, []s
 	if got.UID != 65532 || got.CapEff != "0000000000000000" || got.CapBnd != "0000000000000000" ||
 		got.Seccomp != "2" || strings.Join(got.Ifaces, ",") != "lo" {
 		t.Errorf("with %v: less than the full sandbox: %+v", caps, got)
+	}
+}
+
+// Under the 0.5.4 drop-in's privileges doctor says auto would run the
+// process runtime, what each call gets from it here, and what this host
+// lacks of it.
+func TestDoctorProcessIsolation(t *testing.T) {
+	testenv.Root(t)
+	wrappers := nonrootWrappers(t)
+	bin, dir := publicBinary(t)
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(tmp, 0o1777)
+	args := append(append([]string{}, wrappers[0].argv...), bin, "doctor", "--json")
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + filepath.Join(dir, "home"), "TMPDIR=" + tmp, "MCP_EXEC_RUNTIME=auto"}
+	out, _ := cmd.Output()
+	var r report
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("doctor --json: %v\n%s", err, out)
+	}
+	p := r.Runtime.Process
+	if r.Runtime.Mode != modeProcess || p == nil {
+		t.Fatalf("doctor under the drop-in's privileges: mode %q, process %+v; want %q with its isolation", r.Runtime.Mode, p, modeProcess)
+	}
+	// What this kernel has (the container engine's profile aside, which
+	// setpriv has none of).
+	abi, _, _ := syscall.Syscall(444, 0, 0, 1) // landlock_create_ruleset(NULL, 0, VERSION)
+	wantMissing := []string{"a uid per call"}
+	if int(abi) <= 0 {
+		abi, wantMissing = 0, append([]string{"Landlock"}, wantMissing...)
+	}
+	if p.Landlock != int(abi) || !p.Seccomp || !p.Subreaper || p.UIDPerCall {
+		t.Errorf("doctor: process isolation %+v, want Landlock ABI %d, seccomp and the subreaper, no uid per call (unprivileged)", *p, abi)
+	}
+	var names []string
+	for _, m := range p.Missing {
+		names = append(names, m.What)
+	}
+	if strings.Join(names, ",") != strings.Join(wantMissing, ",") {
+		t.Errorf("doctor: missing %v, want %v", names, wantMissing)
 	}
 }
