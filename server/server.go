@@ -363,6 +363,10 @@ func (s *Server) description() string {
 	return b.String()
 }
 
+// ceilMS rounds up to whole milliseconds: a run of 0.4 ms took time, and
+// says so, rather than reading as none at all.
+func ceilMS(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
 // iconSVG is the server's and the tool's icon (a copy of deploy/icon.svg,
 // which the MCP registry's server.json names).
 //
@@ -625,7 +629,7 @@ func outputOf(res runtime.Result, runtimeName string) execOutput {
 		StdoutTruncated: res.StdoutTruncated,
 		StderrTruncated: res.StderrTruncated,
 		Truncated:       res.StdoutTruncated || res.StderrTruncated,
-		DurationMS:      res.Duration.Milliseconds(),
+		DurationMS:      ceilMS(res.Duration),
 		CPUMS:           res.CPUTime.Milliseconds(),
 		PeakMemoryBytes: res.PeakMemoryBytes,
 		Runtime:         runtimeName,
