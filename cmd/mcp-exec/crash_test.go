@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,10 +12,12 @@ import (
 	"time"
 )
 
-// A server killed mid-call takes its containers with it, and the next one
-// to start on the same state dir removes what it left; with the host under
-// load, as on a busy machine. The same for a server whose pool holds
-// sandboxes prepared ahead.
+// A server killed mid-call takes its containers with it, and its
+// watchdog removes what it left: cgroups, state, the instance dir's mount.
+// Should the watchdog be killed too, the next server to start on the same
+// state dir removes it all. With the host under load, as on a busy
+// machine; the same for a server whose pool holds sandboxes prepared
+// ahead.
 func TestKilledServerIsCleanedUp(t *testing.T) {
 	requireSandbox(t)
 	for range 4 {
@@ -40,65 +43,89 @@ func TestKilledServerIsCleanedUp(t *testing.T) {
 		// for code; stdin stays open, so the server serves on.
 		{"pool", []string{"serve"}, []string{"MCP_EXEC_POOL_SIZE=2"}, 4},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			state := filepath.Join(t.TempDir(), "state")
-			env := append([]string{"PATH=" + os.Getenv("PATH"), "MCP_EXEC_STATE_DIR=" + state}, tc.env...)
+		for _, killWatchdog := range []bool{false, true} {
+			name := tc.name + map[bool]string{false: "/watchdog", true: "/next-server"}[killWatchdog]
+			t.Run(name, func(t *testing.T) { killedServer(t, tc.args, tc.env, tc.procs, killWatchdog) })
+		}
+	}
+}
 
-			cmd := exec.Command(binaryPath(t), tc.args...)
-			cmd.Env = env
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer stdin.Close()
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
-			// Wait for the instance to exist and its containers' processes
-			// to run.
-			var instance string
-			deadline := time.Now().Add(60 * time.Second)
-			for {
-				if entries, _ := os.ReadDir(state); len(entries) == 1 && !strings.HasPrefix(entries[0].Name(), ".") {
-					instance = entries[0].Name()
-					if len(processesIn(instance, 0)) >= tc.procs {
-						break
-					}
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d processes of the instance's containers did not start within 60s (instance %q)", tc.procs, instance)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+// killedServer starts the server with args, waits for procs processes of
+// its containers, kills it (and its watchdog too, when asked), and checks
+// that nothing of it is left.
+func killedServer(t *testing.T, args, extraEnv []string, procs int, killWatchdog bool) {
+	state := filepath.Join(t.TempDir(), "state")
+	env := append([]string{"PATH=" + os.Getenv("PATH"), "MCP_EXEC_STATE_DIR=" + state}, extraEnv...)
 
-			cmd.Process.Signal(syscall.SIGKILL)
-			cmd.Wait()
+	cmd := exec.Command(binaryPath(t), args...)
+	cmd.Env = env
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	// Wait for the instance to exist and its containers' processes to run.
+	var instance string
+	testEventually(t, 60*time.Second, fmt.Sprintf("%d processes of the instance's containers to start", procs), func() bool {
+		if entries, _ := os.ReadDir(state); len(entries) == 1 && !strings.HasPrefix(entries[0].Name(), ".") {
+			instance = entries[0].Name()
+			return len(processesIn(instance, 0)) >= procs
+		}
+		return false
+	})
+	watchdog := pidOf("mcp-exec-watchdog\x00__mcp_exec_watchdog__\x00" + instance)
+	if watchdog == 0 {
+		t.Fatal("the instance's watchdog is not running")
+	}
+	if killWatchdog {
+		syscall.Kill(watchdog, syscall.SIGKILL)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
 
-			// The parent-death signal ends the containers at once; the
-			// watchdog would within a second or two.
-			if pids := processesIn(instance, 5*time.Second); len(pids) != 0 {
-				t.Errorf("processes of the killed server's containers still run: %v", pids)
+	// The parent-death signal ends the containers at once; the watchdog
+	// would within a second or two.
+	if pids := processesIn(instance, 5*time.Second); len(pids) != 0 {
+		t.Errorf("processes of the killed server's containers still run: %v", pids)
+	}
+	mounted := func() bool {
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		return bytes.Contains(mi, []byte(instance))
+	}
+	cgroupsLeft := func() {
+		for _, root := range []string{"memory", "pids", "cpu", "freezer", "devices"} {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", root, "mcp-exec", instance)); err == nil {
+				t.Errorf("cgroup %s/mcp-exec/%s of the killed server still exists", root, instance)
 			}
-			if _, err := os.Stat(filepath.Join(state, instance)); err != nil {
-				t.Fatalf("the killed server's state is already gone (%v); the test proves nothing", err)
-			}
-
-			// The next instance sweeps it.
-			next := exec.Command(binaryPath(t), "run", "-c", "print(1)")
-			next.Env = env
-			if b, err := next.CombinedOutput(); err != nil || string(b) != "1\n" {
-				t.Fatalf("next run: %v %q", err, b)
-			}
-			if entries, _ := os.ReadDir(state); len(entries) != 0 {
-				t.Errorf("state dir after the next run holds %d entries, want none", len(entries))
-			}
-			for _, root := range []string{"memory", "pids", "cpu", "freezer", "devices"} {
-				if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", root, "mcp-exec", instance)); err == nil {
-					t.Errorf("cgroup %s/mcp-exec/%s of the killed server still exists", root, instance)
-				}
-			}
+		}
+	}
+	if !killWatchdog {
+		testEventually(t, 10*time.Second, "the watchdog to remove the dead server's state and mount", func() bool {
+			_, err := os.Stat(filepath.Join(state, instance))
+			return os.IsNotExist(err) && !mounted()
 		})
+		cgroupsLeft()
+		return
+	}
+	if _, err := os.Stat(filepath.Join(state, instance)); err != nil {
+		t.Fatalf("the killed server's state is already gone (%v); the test proves nothing", err)
+	}
+	// The next instance sweeps it.
+	next := exec.Command(binaryPath(t), "run", "-c", "print(1)")
+	next.Env = env
+	if b, err := next.CombinedOutput(); err != nil || string(b) != "1\n" {
+		t.Fatalf("next run: %v %q", err, b)
+	}
+	if entries, _ := os.ReadDir(state); len(entries) != 0 {
+		t.Errorf("state dir after the next run holds %d entries, want none", len(entries))
+	}
+	cgroupsLeft()
+	if mounted() {
+		t.Errorf("the killed server's instance dir is still mounted after the next run")
 	}
 }
 
