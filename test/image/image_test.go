@@ -262,13 +262,13 @@ time.sleep(8)
 print(sorted(os.listdir("outputs")))`,
 			"files": []map[string]any{{"path": "secret.txt", "content": "B-SECRET"}}, "timeout_s": 30})
 	}()
+	// The victim's dir, as the server's uid sees it (not the code): the one
+	// holding its input file.
 	var dir string
 	for deadline := time.Now().Add(30 * time.Second); dir == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		b, _ := exec.Command("podman", "exec", "--user", "65532", name, "sh", "-c", "ls -d /tmp/mcp-exec-*/*/work 2>/dev/null").Output()
-		for _, d := range strings.Fields(string(b)) {
-			if b, _ := exec.Command("podman", "exec", "--user", "65532", name, "test", "-e", d+"/secret.txt").CombinedOutput(); len(b) == 0 {
-				dir = d
-			}
+		b, _ := exec.Command("podman", "exec", "--user", "65532", name, "sh", "-c", "ls /tmp/mcp-exec-*/*/work/secret.txt 2>/dev/null").Output()
+		if f := strings.Fields(string(b)); len(f) == 1 {
+			dir = strings.TrimSuffix(f[0], "/secret.txt")
 		}
 	}
 	if dir == "" {
