@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	goruntime "runtime"
 	"sync"
 	"time"
 
@@ -130,124 +129,8 @@ func (r *LibcontainerRuntime) Close() error {
 // its init, which starts the interpreter; it returns once the interpreter
 // waits for its code: namespaces, mounts, cgroups and the seccomp filter
 // are all in place then.
-func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox, retErr error) {
-	sb := &lcSandbox{rt: r, b: b, threadDone: make(chan struct{}), done: make(chan struct{})}
-	defer func() {
-		if retErr != nil {
-			sb.Close()
-		}
-	}()
-	if err := r.live.add(sb); err != nil {
-		return nil, err // the deferred Close removes the bundle
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	sl, err := r.slots.acquire()
-	if err != nil {
-		return nil, err
-	}
-	sb.slot = sl
-
-	b.Spec.Linux.CgroupsPath = r.inst.cgroupPath(b.ID)
-	b.Spec.Linux.Namespaces = append(b.Spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: sl.nsPath})
-	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{
-		CgroupName: b.ID,
-		Spec:       b.Spec,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: converting spec: %w", ErrSandbox, err)
-	}
-	// If this server dies, its containers die with it rather than run on
-	// unwatched: this covers runc init's own stages, and the sandbox's init
-	// sets its own first thing. The watchdog is the backstop of both.
-	config.ParentDeathSignal = int(unix.SIGKILL)
-
-	proc, err := processFromSpec(b.Spec.Process)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	var toInit, fromInit, diag, childIn, childOut, childErr *os.File
-	if childIn, toInit, err = os.Pipe(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	if fromInit, childOut, err = os.Pipe(); err != nil {
-		childIn.Close()
-		toInit.Close()
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	if diag, childErr, err = os.Pipe(); err != nil {
-		for _, f := range []*os.File{childIn, toInit, fromInit, childOut} {
-			f.Close()
-		}
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	// Plain *os.File ends are handed to the child as they are, with no
-	// copying goroutine inside libcontainer that Wait would wait for.
-	proc.Stdin, proc.Stdout, proc.Stderr = childIn, childOut, childErr
-	sb.sess = newSession(toInit, fromInit, diag)
-
-	// The parent-death signal fires when the thread that forked the init
-	// exits, and Go may retire threads; fork from a thread locked for the
-	// life of the container so that it fires only when the server dies.
-	started := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		defer goruntime.UnlockOSThread()
-		c, err := libcontainer.Create(r.inst.containerDir(), b.ID, config)
-		if err != nil {
-			started <- fmt.Errorf("creating container %s: %w", b.ID, err)
-			return
-		}
-		sb.mu.Lock()
-		sb.c = c
-		sb.mu.Unlock()
-		if err := c.Run(proc); err != nil {
-			started <- fmt.Errorf("starting container %s: %w", b.ID, err)
-			return
-		}
-		sb.mu.Lock()
-		sb.proc = proc
-		sb.mu.Unlock()
-		started <- nil
-		<-sb.threadDone
-	}()
-	err = <-started
-	for _, f := range []*os.File{childIn, childOut, childErr} {
-		f.Close() // the container holds them now
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	go func() {
-		proc.Wait()
-		close(sb.done)
-	}()
-	if err := sb.sess.configure(containerInit(b)); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	st, err := sb.c.State()
-	if err != nil {
-		return nil, fmt.Errorf("%w: reading the state of container %s: %w", ErrSandbox, b.ID, err)
-	}
-	sb.cgPaths = st.CgroupPaths
-	if err := limitSockets(sb.cgPaths, socketBytes(b.Spec)); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	pid, err := proc.Pid()
-	if err != nil {
-		return nil, fmt.Errorf("%w: container %s has no init: %w", ErrSandbox, b.ID, err)
-	}
-	if err := shrinkLoopback(sb.cgPaths, pid); err != nil {
-		return nil, fmt.Errorf("%w: container %s: %w", ErrSandbox, b.ID, err)
-	}
-	if err := sb.sess.waitReady(ctx, sb); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("%w: container %s: %w", ErrSandbox, b.ID, err)
-	}
-	return sb, nil
+func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+	return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
 }
 
 // socketBytes is the spec's bound on socket buffers (see bundle), or 0.
@@ -258,111 +141,157 @@ func socketBytes(s *specs.Spec) int64 {
 	return *s.Linux.Resources.Memory.KernelTCP
 }
 
-// lcSandbox is one libcontainer container between Prepare and Close.
-type lcSandbox struct {
-	rt   *LibcontainerRuntime
-	b    *bundle.Bundle
-	slot *slot
-	sess *session
+// lcContainer is one libcontainer container.
+type lcContainer struct {
+	rt     *LibcontainerRuntime
+	b      *bundle.Bundle
+	slot   *slot
+	config *configs.Config
 
-	// cgPaths are the container's cgroups, fixed once it has started.
-	cgPaths map[string]string
-
+	// Set by start, on the locked thread; read after it returned.
 	mu   sync.Mutex
 	c    *libcontainer.Container
 	proc *libcontainer.Process
-	ran  bool
-	done chan struct{} // closed when the init has been reaped
-
-	threadDone chan struct{}
-	closer     teardownOnce
+	// cgPaths are the container's cgroups, fixed once it has started.
+	cgPaths map[string]string
 }
 
-func (sb *lcSandbox) Run(ctx context.Context, req Request) (Result, error) {
-	if err := req.Validate(); err != nil {
-		return Result{}, err
+// create takes a call slot and turns the spec into libcontainer's
+// configuration, joined to the slot's user namespace.
+func (lc *lcContainer) create(context.Context) error {
+	sl, err := lc.rt.slots.acquire()
+	if err != nil {
+		return err
 	}
-	sb.mu.Lock()
-	if sb.ran || sb.c == nil {
-		sb.mu.Unlock()
-		return Result{}, errors.New("sandbox already used or not prepared")
+	lc.slot = sl
+	b := lc.b
+	b.Spec.Linux.CgroupsPath = lc.rt.inst.cgroupPath(b.ID)
+	b.Spec.Linux.Namespaces = append(b.Spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: sl.nsPath})
+	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{CgroupName: b.ID, Spec: b.Spec})
+	if err != nil {
+		return fmt.Errorf("%w: converting spec: %w", ErrSandbox, err)
 	}
-	sb.ran = true
-	sb.mu.Unlock()
-	return supervise(ctx, sb, sb.sess, req, func(deadline time.Time) {
-		sb.rt.inst.wd.arm(sb.b.Spec.Linux.CgroupsPath, deadline)
-	})
+	// If this server dies, its containers die with it rather than run on
+	// unwatched: this covers runc init's own stages, and the sandbox's init
+	// sets its own first thing. The watchdog is the backstop of both.
+	config.ParentDeathSignal = int(unix.SIGKILL)
+	lc.config = config
+	return nil
 }
 
-func (sb *lcSandbox) exited() <-chan struct{} { return sb.done }
+func (lc *lcContainer) stdio() (child, parent [3]*os.File, err error) { return pipes() }
+
+func (lc *lcContainer) initConfig() (*initConfig, error) { return containerInit(lc.b), nil }
+
+func (lc *lcContainer) start(child [3]*os.File) error {
+	proc, err := processFromSpec(lc.b.Spec.Process)
+	if err != nil {
+		return err
+	}
+	proc.Stdin, proc.Stdout, proc.Stderr = child[0], child[1], child[2]
+	c, err := libcontainer.Create(lc.rt.inst.containerDir(), lc.b.ID, lc.config)
+	if err != nil {
+		return fmt.Errorf("creating container %s: %w", lc.b.ID, err)
+	}
+	lc.mu.Lock()
+	lc.c = c
+	lc.mu.Unlock()
+	if err := c.Run(proc); err != nil {
+		return fmt.Errorf("starting container %s: %w", lc.b.ID, err)
+	}
+	lc.mu.Lock()
+	lc.proc = proc
+	lc.mu.Unlock()
+	return nil
+}
+
+func (lc *lcContainer) wait() { lc.proc.Wait() }
+
+// started bounds the container's socket buffers and shrinks its loopback
+// (cgroup v1), now that its cgroups and network namespace exist.
+func (lc *lcContainer) started() error {
+	st, err := lc.c.State()
+	if err != nil {
+		return fmt.Errorf("%w: reading the state of container %s: %w", ErrSandbox, lc.b.ID, err)
+	}
+	lc.mu.Lock()
+	lc.cgPaths = st.CgroupPaths
+	lc.mu.Unlock()
+	if err := limitSockets(st.CgroupPaths, socketBytes(lc.b.Spec)); err != nil {
+		return fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	pid, err := lc.proc.Pid()
+	if err != nil {
+		return fmt.Errorf("%w: container %s has no init: %w", ErrSandbox, lc.b.ID, err)
+	}
+	if err := shrinkLoopback(st.CgroupPaths, pid); err != nil {
+		return fmt.Errorf("%w: container %s: %w", ErrSandbox, lc.b.ID, err)
+	}
+	return nil
+}
+
+func (lc *lcContainer) paths() map[string]string {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	return lc.cgPaths
+}
 
 // kill SIGKILLs the container's init, which takes every process of its pid
 // namespace with it, and every process of its cgroup for good measure.
-func (sb *lcSandbox) kill() {
-	sb.mu.Lock()
-	c := sb.c
-	sb.mu.Unlock()
+func (lc *lcContainer) kill() {
+	lc.mu.Lock()
+	c := lc.c
+	lc.mu.Unlock()
 	if c == nil {
 		return
 	}
 	if err := c.Signal(unix.SIGKILL); err != nil && !errors.Is(err, libcontainer.ErrNotRunning) {
-		sb.rt.cfg.Logger.Debug("killing container", "id", sb.b.ID, "err", err)
+		lc.rt.cfg.Logger.Debug("killing container", "id", lc.b.ID, "err", err)
 	}
-	for _, p := range sb.cgPaths {
+	for _, p := range lc.paths() {
 		killCgroupProcs(p)
 	}
 }
 
 // verdict fills the verdict's OOM flag and usage from the container's
 // cgroups, before they are removed.
-func (sb *lcSandbox) verdict(res *Result) { cgroupVerdict(sb.cgPaths, res) }
+func (lc *lcContainer) verdict(res *Result)           { cgroupVerdict(lc.paths(), res) }
+func (lc *lcContainer) sockets() (int64, int64, bool) { return cgroupSockets(lc.paths()) }
+func (lc *lcContainer) cpu() time.Duration            { return cgroupCPU(lc.paths()) }
+func (lc *lcContainer) waitsForExit() bool            { return false }
+func (lc *lcContainer) explain(err error) error       { return err }
 
-func (sb *lcSandbox) sockets() (int64, int64, bool) { return cgroupSockets(sb.cgPaths) }
-
-func (sb *lcSandbox) cpu() time.Duration { return cgroupCPU(sb.cgPaths) }
-
-func (sb *lcSandbox) foreground() error {
-	if !preparedAhead(sb.b.Spec) {
+func (lc *lcContainer) foreground() error {
+	if !preparedAhead(lc.b.Spec) {
 		return nil
 	}
-	return cgroupForeground(sb.cgPaths)
+	return cgroupForeground(lc.paths())
 }
 
-// Close kills and destroys the container and removes its bundle. It runs
-// whatever state Run left, under its own deadline.
-func (sb *lcSandbox) Close() error {
-	return sb.closer.do("container "+sb.b.ID, sb.teardown)
-}
-
-func (sb *lcSandbox) teardown() error {
-	var errs []error
-	sb.kill()
-	if sb.sess != nil {
-		sb.sess.closeInput()
+func (lc *lcContainer) deadline(at time.Time) {
+	if at.IsZero() {
+		lc.rt.inst.wd.disarm(lc.b.Spec.Linux.CgroupsPath)
+	} else {
+		lc.rt.inst.wd.arm(lc.b.Spec.Linux.CgroupsPath, at)
 	}
-	sb.mu.Lock()
-	c, proc := sb.c, sb.proc
-	sb.mu.Unlock()
+}
+
+// destroy removes the container's cgroups and state and gives its slot
+// back.
+func (lc *lcContainer) destroy() error {
+	var err error
+	lc.mu.Lock()
+	c := lc.c
+	lc.mu.Unlock()
 	if c != nil {
-		if proc != nil {
-			<-sb.done
-		}
-		if err := destroy(c); err != nil {
-			errs = append(errs, fmt.Errorf("destroying container %s: %w", sb.b.ID, err))
+		if derr := destroy(c); derr != nil {
+			err = fmt.Errorf("destroying container %s: %w", lc.b.ID, derr)
 		}
 	}
-	close(sb.threadDone)
-	if err := sb.b.Remove(); err != nil {
-		errs = append(errs, err)
+	if lc.slot != nil {
+		lc.rt.slots.release(lc.slot)
 	}
-	if sb.slot != nil {
-		sb.rt.slots.release(sb.slot)
-	}
-	if sb.ran {
-		sb.rt.inst.wd.disarm(sb.b.Spec.Linux.CgroupsPath)
-	}
-	sb.rt.live.remove(sb)
-	return errors.Join(errs...)
+	return err
 }
 
 // destroy removes the container's cgroups and state, retrying while the

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	goruntime "runtime"
 	"slices"
@@ -67,6 +68,9 @@ type Pool struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 	stats     PoolStats
+	// closing are the teardowns of used sandboxes under way, off their
+	// calls' time: Close waits for them.
+	closing sync.WaitGroup
 }
 
 type peakEvent struct {
@@ -92,6 +96,44 @@ func NewPool(cfg PoolConfig) *Pool {
 	go p.fill()
 	p.poke()
 	return p
+}
+
+// Run runs one call: on a sandbox prepared ahead, else the next of those
+// being prepared, else one prepared now; either is used for this call
+// only. It validates the request, once; a prepared sandbox found dead
+// before the code started (killed from outside while it waited) gives way
+// to a fresh one; and the sandbox is torn down after the call in the
+// background, off the call's time, with or without sandboxes kept ready.
+func (p *Pool) Run(ctx context.Context, req Request) (Result, error) {
+	if err := req.Validate(); err != nil {
+		return Result{}, err
+	}
+	for attempt := 0; ; attempt++ {
+		sb, warm, done, err := p.Get(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		res, err := runValid(ctx, sb, req)
+		res.Pooled = warm
+		done()
+		p.closeLater(sb)
+		if warm && attempt == 0 && errors.Is(err, ErrNotStarted) && ctx.Err() == nil {
+			p.cfg.Logger.Warn("a prepared sandbox was dead; preparing another", "err", err)
+			continue
+		}
+		return res, err
+	}
+}
+
+// closeLater tears a used sandbox down in the background.
+func (p *Pool) closeLater(sb Sandbox) {
+	p.closing.Add(1)
+	go func() {
+		defer p.closing.Done()
+		if err := sb.Close(); err != nil {
+			p.cfg.Logger.Error("tearing down a sandbox", "err", err)
+		}
+	}()
 }
 
 // Get returns a prepared sandbox: one ready, else the next of those being
@@ -316,4 +358,5 @@ func (p *Pool) Close() {
 		sb.Close()
 	}
 	p.preparing.Wait()
+	p.closing.Wait()
 }

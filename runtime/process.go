@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -256,111 +255,122 @@ func (r *ProcessRuntime) Close() error {
 
 // Prepare starts the init for b's process in a fresh working dir, and
 // returns once the interpreter waits for its code.
-func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox, retErr error) {
-	sb := &procSandbox{rt: r, b: b, done: make(chan struct{})}
-	defer func() {
-		if retErr != nil {
-			sb.Close()
-		}
-	}()
-	if err := r.live.add(sb); err != nil {
-		return nil, err
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	// The code's working dir (its /tmp) and the dir of its script (its
-	// /code), each its own and empty.
+func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+	return prepare(ctx, &r.live, b, &procContainer{rt: r, b: b})
+}
+
+// procContainer is one call's init, a process of the server's machine.
+type procContainer struct {
+	rt   *ProcessRuntime
+	b    *bundle.Bundle
+	cfg  *initConfig
+	work string
+	uid  *claim // root: the call's own uid
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// create makes the code's working dir (its /tmp) and the dir of its script
+// (its /code), each its own and empty, and, under root, takes the call's
+// uid, which owns the working dir.
+func (pc *procContainer) create(context.Context) error {
+	b := pc.b
 	work, code := filepath.Join(b.Dir, "work"), filepath.Join(b.Dir, "code")
 	for _, d := range []string{work, code} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+			return fmt.Errorf("%w: %w", ErrSandbox, err)
 		}
 	}
 	if err := os.Chmod(b.Dir, 0o711); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	cfg, err := r.initConfig(b, work, code)
+	cfg, err := pc.rt.initConfig(b, work, code)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	if r.uids != nil {
-		// Root: the call's own uid owns its work dir.
-		if sb.uid, err = r.uids.get(); err != nil {
-			return nil, err
-		}
-		_, id := r.uids.claims.ids(sb.uid.index)
-		cfg.UID, cfg.GID = uint32(id), uint32(id)
-		if err := os.Chown(work, id, id); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-		}
-		if err := os.Chmod(code, 0o755); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-		}
-		r.reaper.addUID(id)
+	pc.cfg, pc.work = cfg, work
+	if pc.rt.uids == nil {
+		return nil
 	}
+	if pc.uid, err = pc.rt.uids.get(); err != nil {
+		return err
+	}
+	_, id := pc.rt.uids.claims.ids(pc.uid.index)
+	cfg.UID, cfg.GID = uint32(id), uint32(id)
+	pc.rt.reaper.addUID(id)
+	if err := os.Chown(work, id, id); err != nil {
+		return fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	if err := os.Chmod(code, 0o755); err != nil {
+		return fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	return nil
+}
 
-	var toInit, fromInit, diag, childIn, childOut, childErr *os.File
-	if childIn, toInit, err = os.Pipe(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	if fromInit, childOut, err = os.Pipe(); err != nil {
-		childIn.Close()
-		toInit.Close()
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	if diag, childErr, err = os.Pipe(); err != nil {
-		for _, f := range []*os.File{childIn, toInit, fromInit, childOut} {
-			f.Close()
-		}
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
+func (pc *procContainer) initConfig() (*initConfig, error)              { return pc.cfg, nil }
+func (pc *procContainer) stdio() (child, parent [3]*os.File, err error) { return pipes() }
+
+// start starts the init, in a process group of its own so that the whole
+// of it is killed at once, as one of the subreaper's own children.
+func (pc *procContainer) start(child [3]*os.File) error {
 	cmd := exec.Command("/proc/self/exe", initMarker)
 	cmd.Args[0] = "mcp-exec-init"
-	cmd.Env = processEnv(b.Spec.Process.Env, work)
-	cmd.Dir = work
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, childErr
-	// Its own process group, so that the whole of it is killed at once.
+	cmd.Env = processEnv(pc.b.Spec.Process.Env, pc.work)
+	cmd.Dir = pc.work
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	started := make(chan error, 1)
-	go func() {
-		// The parent-death signal follows the forking thread.
-		goruntime.LockOSThread()
-		defer goruntime.UnlockOSThread()
-		if err := r.reaper.start(cmd); err != nil {
-			started <- err
-			close(sb.done)
-			return
-		}
-		sb.mu.Lock()
-		sb.cmd = cmd
-		sb.mu.Unlock()
-		started <- nil
-		cmd.Wait()
-		r.reaper.exited(cmd.Process.Pid)
-		close(sb.done)
-	}()
-	err = <-started
-	for _, f := range []*os.File{childIn, childOut, childErr} {
-		f.Close()
+	if err := pc.rt.reaper.start(cmd); err != nil {
+		return err
 	}
-	if err != nil {
-		toInit.Close()
-		fromInit.Close()
-		diag.Close()
-		return nil, fmt.Errorf("%w: starting the init: %w", ErrSandbox, err)
+	pc.mu.Lock()
+	pc.cmd = cmd
+	pc.mu.Unlock()
+	return nil
+}
+
+func (pc *procContainer) wait() {
+	pc.cmd.Wait()
+	pc.rt.reaper.exited(pc.cmd.Process.Pid)
+}
+
+func (pc *procContainer) started() error { return nil }
+
+// kill SIGKILLs the init's process group; the init, the code's subreaper,
+// kills the code's when it sees the host go, and the server is the
+// subreaper of what is left should the init be gone.
+func (pc *procContainer) kill() {
+	pc.mu.Lock()
+	cmd := pc.cmd
+	pc.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
-	sb.sess = newSession(toInit, fromInit, diag)
-	if err := sb.sess.configure(cfg); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+}
+
+// verdict: without a cgroup there is no OOM counter or accounting; the
+// init's rlimits turn memory exhaustion into MemoryError.
+func (pc *procContainer) verdict(*Result)               {}
+func (pc *procContainer) cpu() time.Duration            { return 0 }
+func (pc *procContainer) sockets() (int64, int64, bool) { return 0, 0, false }
+
+// foreground: no cgroup, no weight; a prepared process waits idle.
+func (pc *procContainer) foreground() error       { return nil }
+func (pc *procContainer) deadline(time.Time)      {}
+func (pc *procContainer) waitsForExit() bool      { return false }
+func (pc *procContainer) explain(err error) error { return err }
+
+// destroy kills, under root, whatever of the call's uid is left, wherever
+// it went: only then may another call have the uid.
+func (pc *procContainer) destroy() error {
+	if pc.uid == nil {
+		return nil
 	}
-	if err := sb.sess.waitReady(ctx, sb); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	return sb, nil
+	_, id := pc.rt.uids.claims.ids(pc.uid.index)
+	err := pc.rt.reaper.killUID(id)
+	pc.rt.reaper.removeUID(id)
+	pc.rt.uids.put(pc.uid, err == nil)
+	return err
 }
 
 // initConfig is the bundle's init configuration in the process runtime's
@@ -484,86 +494,6 @@ func processEnv(env []string, work string) []string {
 		out = append(out, kv)
 	}
 	return out
-}
-
-// procSandbox is one call's process between Prepare and Close.
-type procSandbox struct {
-	rt   *ProcessRuntime
-	b    *bundle.Bundle
-	sess *session
-	uid  *claim // root: the call's own uid
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	ran  bool
-	done chan struct{}
-
-	closer teardownOnce
-}
-
-func (sb *procSandbox) Run(ctx context.Context, req Request) (Result, error) {
-	if err := req.Validate(); err != nil {
-		return Result{}, err
-	}
-	sb.mu.Lock()
-	if sb.ran || sb.sess == nil {
-		sb.mu.Unlock()
-		return Result{}, errors.New("sandbox already used or not prepared")
-	}
-	sb.ran = true
-	sb.mu.Unlock()
-	return supervise(ctx, sb, sb.sess, req, nil)
-}
-
-func (sb *procSandbox) exited() <-chan struct{} { return sb.done }
-
-// kill SIGKILLs the init's process group; the init, the code's subreaper,
-// kills the code's when it sees the host go, and the server is the
-// subreaper of what is left should the init be gone.
-func (sb *procSandbox) kill() {
-	sb.mu.Lock()
-	cmd := sb.cmd
-	sb.mu.Unlock()
-	if cmd != nil && cmd.Process != nil {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	}
-}
-
-// verdict: without a cgroup there is no OOM counter or accounting; the
-// init's rlimits turn memory exhaustion into MemoryError.
-func (sb *procSandbox) verdict(*Result)               {}
-func (sb *procSandbox) cpu() time.Duration            { return 0 }
-func (sb *procSandbox) sockets() (int64, int64, bool) { return 0, 0, false }
-
-// foreground: no cgroup, no weight; a prepared process waits idle.
-func (sb *procSandbox) foreground() error { return nil }
-func (sb *procSandbox) Close() error      { return sb.closer.do("process "+sb.b.ID, sb.teardown) }
-
-func (sb *procSandbox) teardown() error {
-	sb.kill()
-	if sb.sess != nil {
-		sb.sess.closeInput()
-	}
-	sb.mu.Lock()
-	started := sb.cmd != nil
-	sb.mu.Unlock()
-	if started {
-		<-sb.done
-	}
-	var errs []error
-	if sb.uid != nil {
-		// Whatever of the call's uid is left, wherever it went, goes; only
-		// then may another call have the uid.
-		_, id := sb.rt.uids.claims.ids(sb.uid.index)
-		err := sb.rt.reaper.killUID(id)
-		sb.rt.reaper.removeUID(id)
-		sb.rt.uids.put(sb.uid, err == nil)
-		errs = append(errs, err)
-	}
-	makeWritable(sb.b.Dir)
-	errs = append(errs, sb.b.Remove())
-	sb.rt.live.remove(sb)
-	return errors.Join(errs...)
 }
 
 // uidPool hands out the root process runtime's per-call uids: call slots,

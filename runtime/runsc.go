@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -129,83 +128,70 @@ func (r *RunscRuntime) globalArgs() []string {
 
 // Prepare fixes the bundle for runsc, creates the call's cgroups with the
 // spec's limits, starts the sandbox and waits for its interpreter.
-func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (_ Sandbox, retErr error) {
-	sb := &runscSandbox{rt: r, b: b, done: make(chan struct{})}
-	defer func() {
-		if retErr != nil {
-			sb.Close()
-		}
-	}()
-	if err := r.live.add(sb); err != nil {
-		return nil, err // the deferred Close removes the bundle
-	}
+func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+	return prepare(ctx, &r.live, b, &runscContainer{rt: r, b: b})
+}
 
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+// runscContainer is one `runsc run` and the sandbox it runs.
+type runscContainer struct {
+	rt   *RunscRuntime
+	b    *bundle.Bundle
+	cg   *callCgroup
+	logf *os.File
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// create adapts the bundle to this runsc, rewrites config.json, and makes
+// the call's cgroups with the spec's limits.
+func (rc *runscContainer) create(context.Context) error {
+	b := rc.b
 	if b.Spec.Linux == nil || b.Spec.Process == nil {
-		return nil, fmt.Errorf("%w: spec of %s has no linux or process section", ErrSandbox, b.ID)
+		return fmt.Errorf("%w: spec of %s has no linux or process section", ErrSandbox, b.ID)
 	}
-	b.Spec.Linux.CgroupsPath = r.inst.cgroupPath(b.ID)
+	b.Spec.Linux.CgroupsPath = rc.rt.inst.cgroupPath(b.ID)
 	if s := b.Spec.Linux.Seccomp; s != nil {
-		b.Spec.Linux.Seccomp = gvisorSeccomp(s, r.info.Unimplemented)
+		b.Spec.Linux.Seccomp = gvisorSeccomp(s, rc.rt.info.Unimplemented)
 	}
 	b.Spec.Mounts = gvisorMounts(b.Spec.Mounts)
 	if err := b.WriteSpec(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
 	cg, err := newCallCgroup(b)
 	if err != nil {
-		return nil, fmt.Errorf("%w: creating cgroups of %s: %w", ErrSandbox, b.ID, err)
+		return fmt.Errorf("%w: creating cgroups of %s: %w", ErrSandbox, b.ID, err)
 	}
-	sb.cg = cg
+	rc.cg = cg
 	if err := limitSockets(cg.paths, socketBytes(b.Spec)); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
+		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
 	logf, err := os.OpenFile(filepath.Join(b.Dir, "runsc-errors.json"), os.O_RDWR|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("%w: creating runsc log: %w", ErrSandbox, err)
+		return fmt.Errorf("%w: creating runsc log: %w", ErrSandbox, err)
 	}
-	sb.logf = logf
-	if err := sb.io.open(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	if err := sb.start(); err != nil {
-		return nil, fmt.Errorf("%w: starting runsc for %s: %w", ErrSandbox, b.ID, err)
-	}
-	if err := sb.sess.configure(containerInit(b)); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	if err := sb.sess.waitReady(ctx, sb); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if msg := runscFailure(sb.logf); msg != "" {
-			err = fmt.Errorf("%w; runsc said: %s", err, msg)
-		}
-		return nil, fmt.Errorf("%w: sandbox %s: %w", ErrSandbox, b.ID, err)
-	}
-	return sb, nil
+	rc.logf = logf
+	return nil
 }
+
+func (rc *runscContainer) initConfig() (*initConfig, error) { return containerInit(rc.b), nil }
 
 // stdio are the sandbox's standard streams: one unix socket pair each.
 // Not pipes: runsc 2022-12 puts a host pipe in non-blocking mode and, when
 // the pipe is full, reports a write of up to 64 KiB as done and drops it
 // (a 64 MiB write arrived as ~4 MiB, with os.write returning success).
 // With a socket its writes block as they should and nothing is lost.
-// The code itself sees pipes under both runtimes: the init's.
-type stdio struct {
-	parent, child [3]*os.File // stdin, stdout, stderr
-}
-
-func (s *stdio) open() error {
+// The code itself sees pipes under every runtime: the init's.
+func (rc *runscContainer) stdio() (child, parent [3]*os.File, err error) {
 	for i, name := range []string{"stdin", "stdout", "stderr"} {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("creating %s socket pair: %w", name, err)
+			closeAll(child[:])
+			closeAll(parent[:])
+			return child, parent, fmt.Errorf("creating %s socket pair: %w", name, err)
 		}
-		s.parent[i] = os.NewFile(uintptr(fds[0]), name)
-		s.child[i] = os.NewFile(uintptr(fds[1]), name)
+		parent[i] = os.NewFile(uintptr(fds[0]), name)
+		child[i] = os.NewFile(uintptr(fds[1]), name)
 		// One direction each, so that neither side can talk back.
 		if i == 0 {
 			unix.Shutdown(fds[0], unix.SHUT_RD)
@@ -215,44 +201,7 @@ func (s *stdio) open() error {
 			unix.Shutdown(fds[1], unix.SHUT_RD)
 		}
 	}
-	return nil
-}
-
-func (s *stdio) closeChild() {
-	for i, f := range s.child {
-		if f != nil {
-			f.Close()
-			s.child[i] = nil
-		}
-	}
-}
-
-func (s *stdio) close() {
-	s.closeChild()
-	for i, f := range s.parent {
-		if f != nil {
-			f.Close()
-			s.parent[i] = nil
-		}
-	}
-}
-
-// runscSandbox is one call between Prepare and Close.
-type runscSandbox struct {
-	rt   *RunscRuntime
-	b    *bundle.Bundle
-	cg   *callCgroup
-	logf *os.File
-	io   stdio
-	sess *session
-
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	ran     bool
-	closing bool
-	done    chan struct{} // closed when the run process has been waited for
-
-	closer teardownOnce
+	return child, parent, nil
 }
 
 // waitDelay bounds Wait after Cancel: should the run process outlive our
@@ -261,112 +210,118 @@ type runscSandbox struct {
 const waitDelay = 2 * time.Second
 
 // start starts `runsc run`; the sandbox's init talks to us on its stdio.
-func (sb *runscSandbox) start() error {
-	args := append(sb.rt.globalArgs(), "run", "--bundle", sb.b.Dir, sb.b.ID)
-	cmd := exec.Command(sb.rt.info.Path, args...)
+func (rc *runscContainer) start(child [3]*os.File) error {
+	args := append(rc.rt.globalArgs(), "run", "--bundle", rc.b.Dir, rc.b.ID)
+	cmd := exec.Command(rc.rt.info.Path, args...)
 	cmd.Env = []string{} // nothing of the server's environment, not even to runsc
 	cmd.Dir = "/"
 	// Plain files: the sandbox gets these very sockets.
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = sb.io.child[0], sb.io.child[1], sb.io.child[2]
-	cmd.ExtraFiles = []*os.File{sb.logf}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
+	cmd.ExtraFiles = []*os.File{rc.logf}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = waitDelay
-
-	// The parent-death signal fires when the thread that forked the child
-	// exits, and Go may retire threads: fork from a thread that stays
-	// locked until the child is reaped, so that it fires only when the
-	// server dies.
-	started := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		defer goruntime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			close(sb.done)
-			return
-		}
-		sb.mu.Lock()
-		sb.cmd = cmd
-		closing := sb.closing
-		sb.mu.Unlock()
-		if closing {
-			sb.kill()
-		}
-		started <- nil
-		cmd.Wait()
-		close(sb.done)
-	}()
-	if err := <-started; err != nil {
-		return err
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting runsc for %s: %w", rc.b.ID, err)
 	}
-	// Our copies of the child ends go, so that EOF comes when the sandbox's
-	// last holder is gone.
-	sb.io.closeChild()
-	parent := sb.io.parent
-	sb.io.parent = [3]*os.File{} // the session's now
-	sb.sess = newSession(parent[0], parent[1], parent[2])
+	rc.mu.Lock()
+	rc.cmd = cmd
+	rc.mu.Unlock()
 	return nil
 }
 
-func (sb *runscSandbox) Run(ctx context.Context, req Request) (Result, error) {
-	if err := req.Validate(); err != nil {
-		return Result{}, err
-	}
-	sb.mu.Lock()
-	if sb.ran || sb.closing || sb.sess == nil {
-		sb.mu.Unlock()
-		return Result{}, errors.New("sandbox already used, closed or not prepared")
-	}
-	sb.ran = true
-	sb.mu.Unlock()
-	return supervise(ctx, sb, sb.sess, req, func(deadline time.Time) {
-		sb.rt.inst.wd.arm(sb.b.Spec.Linux.CgroupsPath, deadline)
-	})
-}
+func (rc *runscContainer) wait()          { rc.cmd.Wait() }
+func (rc *runscContainer) started() error { return nil }
 
-func (sb *runscSandbox) exited() <-chan struct{} { return sb.done }
+// explain adds runsc's own account of a sandbox that never got ready.
+func (rc *runscContainer) explain(err error) error {
+	if msg := runscFailure(rc.logf); msg != "" {
+		return fmt.Errorf("%w; runsc said: %s", err, msg)
+	}
+	return err
+}
 
 // sockets: gVisor's network stack keeps its buffers in the sentry's own
 // memory, which the memory limit covers.
-func (sb *runscSandbox) sockets() (int64, int64, bool) { return 0, 0, false }
+func (rc *runscContainer) sockets() (int64, int64, bool) { return 0, 0, false }
 
-func (sb *runscSandbox) cpu() time.Duration {
-	if sb.cg == nil {
+func (rc *runscContainer) cpu() time.Duration {
+	if rc.cg == nil {
 		return 0
 	}
-	return cgroupCPU(sb.cg.paths)
+	return cgroupCPU(rc.cg.paths)
 }
 
-func (sb *runscSandbox) foreground() error {
-	if sb.cg == nil || !preparedAhead(sb.b.Spec) {
+func (rc *runscContainer) foreground() error {
+	if rc.cg == nil || !preparedAhead(rc.b.Spec) {
 		return nil
 	}
-	return cgroupForeground(sb.cg.paths)
+	return cgroupForeground(rc.cg.paths)
 }
 
 // waitsForExit: a gVisor sandbox is left to end on its own before the
 // result is returned; killed while its init was still exiting, its
 // teardown (runsc delete) was seen to hang inside a container.
-func (sb *runscSandbox) waitsForExit() bool { return true }
+func (rc *runscContainer) waitsForExit() bool { return true }
 
-func (sb *runscSandbox) verdict(res *Result) {
-	if sb.cg != nil {
-		sb.cg.stats(res)
+func (rc *runscContainer) verdict(res *Result) {
+	if rc.cg != nil {
+		rc.cg.stats(res)
+	}
+}
+
+func (rc *runscContainer) deadline(at time.Time) {
+	if at.IsZero() {
+		rc.rt.inst.wd.disarm(rc.b.Spec.Linux.CgroupsPath)
+	} else {
+		rc.rt.inst.wd.arm(rc.b.Spec.Linux.CgroupsPath, at)
 	}
 }
 
 // kill SIGKILLs the run process and every process in the call's cgroups:
 // the sandbox, the gofer, the ptrace stubs.
-func (sb *runscSandbox) kill() {
-	sb.mu.Lock()
-	cmd := sb.cmd
-	sb.mu.Unlock()
+func (rc *runscContainer) kill() {
+	rc.mu.Lock()
+	cmd := rc.cmd
+	rc.mu.Unlock()
 	if cmd != nil && cmd.Process != nil {
 		cmd.Process.Signal(os.Kill)
 	}
-	if sb.cg != nil {
-		sb.cg.kill()
+	if rc.cg != nil {
+		rc.cg.kill()
 	}
+}
+
+// destroy removes runsc's state of the container (when `runsc run` was
+// killed before it could), the call's cgroups and runsc's log.
+func (rc *runscContainer) destroy() error {
+	var errs []error
+	if rc.stateLeft() {
+		ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout/2)
+		out, err := rc.rt.runsc(ctx, "delete", "--force", rc.b.ID)
+		cancel()
+		if err != nil && rc.stateLeft() {
+			errs = append(errs, fmt.Errorf("deleting runsc container %s: %w: %s", rc.b.ID, err, bytes.TrimSpace(out)))
+		}
+		if rc.stateLeft() {
+			removeRunscState(rc.rt.root, rc.b.ID)
+		}
+	}
+	if rc.cg != nil {
+		if err := rc.cg.remove(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if rc.logf != nil {
+		rc.logf.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// stateLeft reports whether runsc's root dir still holds state of this
+// container ("<id>_sandbox:<id>.state" and its lock).
+func (rc *runscContainer) stateLeft() bool {
+	matches, _ := filepath.Glob(filepath.Join(rc.rt.root, globEscape(rc.b.ID)+"_*"))
+	return len(matches) > 0
 }
 
 // runscFailure returns the messages runsc logged as errors on --log-fd, or
@@ -394,77 +349,6 @@ func runscFailure(f *os.File) string {
 		return strings.TrimSpace(string(data))
 	}
 	return strings.Join(msgs, "; ")
-}
-
-// Close kills what runs, removes runsc's state of the container, the
-// call's cgroups and the bundle, under its own deadline.
-func (sb *runscSandbox) Close() error {
-	return sb.closer.do("sandbox "+sb.b.ID, sb.teardown)
-}
-
-func (sb *runscSandbox) teardown() error {
-	var errs []error
-	sb.mu.Lock()
-	sb.closing = true
-	started := sb.cmd != nil || sb.sess != nil
-	sb.mu.Unlock()
-	sb.kill()
-	if sb.sess != nil {
-		sb.sess.closeInput()
-	}
-	if started {
-		// start's goroutine reaps the run process; keep killing until it
-		// has, in case Close raced with the start.
-		tick := time.NewTicker(50 * time.Millisecond)
-	wait:
-		for {
-			select {
-			case <-sb.done:
-				break wait
-			case <-tick.C:
-				sb.kill()
-			}
-		}
-		tick.Stop()
-	}
-	if sb.stateLeft() {
-		// runsc run was killed before it could destroy the container.
-		ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout/2)
-		out, err := sb.rt.runsc(ctx, "delete", "--force", sb.b.ID)
-		cancel()
-		if err != nil && sb.stateLeft() {
-			errs = append(errs, fmt.Errorf("deleting runsc container %s: %w: %s", sb.b.ID, err, bytes.TrimSpace(out)))
-		}
-		if sb.stateLeft() {
-			removeRunscState(sb.rt.root, sb.b.ID)
-		}
-	}
-	if sb.cg != nil {
-		if err := sb.cg.remove(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if sb.logf != nil {
-		sb.logf.Close()
-	}
-	sb.mu.Lock()
-	sb.io.close()
-	sb.mu.Unlock()
-	if err := sb.b.Remove(); err != nil {
-		errs = append(errs, err)
-	}
-	if ran := sb.ran; ran {
-		sb.rt.inst.wd.disarm(sb.b.Spec.Linux.CgroupsPath)
-	}
-	sb.rt.live.remove(sb)
-	return errors.Join(errs...)
-}
-
-// stateLeft reports whether runsc's root dir still holds state of this
-// container ("<id>_sandbox:<id>.state" and its lock).
-func (sb *runscSandbox) stateLeft() bool {
-	matches, _ := filepath.Glob(filepath.Join(sb.rt.root, globEscape(sb.b.ID)+"_*"))
-	return len(matches) > 0
 }
 
 // removeRunscState removes a container's state files when runsc could not.

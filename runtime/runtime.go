@@ -24,7 +24,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/inhuman/mcp-exec/bundle"
@@ -195,7 +194,8 @@ type Sandbox interface {
 	Close() error
 }
 
-// Run prepares a container for b, runs it once and tears it down.
+// Run prepares a container for b, runs it once and tears it down before
+// it returns (a Pool tears down in the background instead).
 func Run(ctx context.Context, rt Runtime, b *bundle.Bundle, req Request) (Result, error) {
 	if err := req.Validate(); err != nil {
 		b.Remove()
@@ -205,11 +205,20 @@ func Run(ctx context.Context, rt Runtime, b *bundle.Bundle, req Request) (Result
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := sb.Run(ctx, req)
+	res, err := runValid(ctx, sb, req)
 	if cerr := sb.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
 	return res, err
+}
+
+// runValid runs a request its caller validated: a sandbox of this package
+// does not check it again.
+func runValid(ctx context.Context, sb Sandbox, req Request) (Result, error) {
+	if s, ok := sb.(*sandbox); ok {
+		return s.run(ctx, req)
+	}
+	return sb.Run(ctx, req)
 }
 
 // teardownTimeout bounds every teardown, which runs even after the caller's
@@ -259,68 +268,4 @@ func NewAuto(cfg Config) (rt Runtime, why string, err error) {
 	}
 	rt, err = NewProcess(cfg)
 	return rt, fmt.Sprintf("no per-call container can be made here (%v)", lcErr), err
-}
-
-// liveSet tracks a runtime's prepared sandboxes, so that closing the
-// runtime tears down whatever is still running, and refuses new ones after.
-type liveSet struct {
-	mu     sync.Mutex
-	live   map[Sandbox]struct{}
-	closed bool
-}
-
-// add registers sb; it fails once the runtime is closed.
-func (l *liveSet) add(sb Sandbox) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return fmt.Errorf("%w: runtime is closed", ErrSandbox)
-	}
-	if l.live == nil {
-		l.live = map[Sandbox]struct{}{}
-	}
-	l.live[sb] = struct{}{}
-	return nil
-}
-
-func (l *liveSet) remove(sb Sandbox) {
-	l.mu.Lock()
-	delete(l.live, sb)
-	l.mu.Unlock()
-}
-
-// closeAll marks the set closed and closes every sandbox still in it.
-func (l *liveSet) closeAll() error {
-	l.mu.Lock()
-	l.closed = true
-	live := make([]Sandbox, 0, len(l.live))
-	for sb := range l.live {
-		live = append(live, sb)
-	}
-	l.mu.Unlock()
-	var errs []error
-	for _, sb := range live {
-		errs = append(errs, sb.Close())
-	}
-	return errors.Join(errs...)
-}
-
-// teardownOnce runs a sandbox's teardown once, under its own deadline, and
-// remembers the outcome for later calls.
-type teardownOnce struct {
-	once sync.Once
-	err  error
-}
-
-func (t *teardownOnce) do(what string, teardown func() error) error {
-	t.once.Do(func() {
-		done := make(chan error, 1)
-		go func() { done <- teardown() }()
-		select {
-		case t.err = <-done:
-		case <-time.After(teardownTimeout):
-			t.err = fmt.Errorf("tearing down %s: timed out after %v", what, teardownTimeout)
-		}
-	})
-	return t.err
 }

@@ -35,24 +35,19 @@ const (
 // timer failed: the watchdog must then end the call.
 var supervisionTimer = true
 
-// container is what a runtime gives supervise: a started container whose
-// process is the init.
-type container interface {
+// supervised is what supervise needs of a sandbox whose init runs.
+type supervised interface {
 	// kill SIGKILLs every process of the container, the init included.
 	kill()
 	// exited is closed once the init has exited and been reaped.
 	exited() <-chan struct{}
-	// verdict fills the OOM and pids flags, CPU time and peak memory.
 	verdict(res *Result)
-	// cpu is the CPU time the container has used so far.
 	cpu() time.Duration
-	// sockets reports the kernel's socket buffers charged to the container
-	// and their bound, where they are counted apart from the memory limit
-	// (cgroup v1); ok is false elsewhere.
 	sockets() (used, limit int64, ok bool)
-	// foreground gives a container prepared ahead the CPU weight of a
-	// running call (policy.CPUSharesCall).
 	foreground() error
+	// deadline tells an outside watchdog when the code must be over.
+	deadline(at time.Time)
+	waitsForExit() bool
 }
 
 // socketPoll is how often the supervision reads a container's socket
@@ -273,7 +268,7 @@ func (s *session) closeInput() {
 }
 
 // waitReady waits for the init to report its interpreter ready.
-func (s *session) waitReady(ctx context.Context, c container) error {
+func (s *session) waitReady(ctx context.Context, c interface{ exited() <-chan struct{} }) error {
 	timer := time.NewTimer(readyTimeout)
 	defer timer.Stop()
 	for {
@@ -311,9 +306,9 @@ func (s *session) failure() string {
 
 // supervise runs one call on a ready sandbox: it hands the init the call,
 // counts the timeout from when the code has it, kills on timeout or
-// cancellation, and collects the verdict. arm, when not nil, is told the
-// deadline past which an outside watchdog may kill the container.
-func supervise(ctx context.Context, c container, s *session, req Request, arm func(deadline time.Time)) (Result, error) {
+// cancellation, and collects the verdict. The container's watchdog is told
+// the deadline past which it may kill the container itself.
+func supervise(ctx context.Context, c supervised, s *session, req Request) (Result, error) {
 	var res Result
 	if err := c.foreground(); err != nil {
 		return res, fmt.Errorf("%w: giving the sandbox a call's CPU weight: %w", ErrSandbox, err)
@@ -356,9 +351,7 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 					t := time.NewTimer(time.Until(start.Add(req.Timeout)))
 					timer, stopTimer = t.C, func() { t.Stop() }
 				}
-				if arm != nil {
-					arm(start.Add(req.Timeout + watchdogGrace))
-				}
+				c.deadline(start.Add(req.Timeout + watchdogGrace))
 			case iExit:
 				exitEv = &ev
 				res.Duration = ev.ran
@@ -366,10 +359,8 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 				stopTimer()
 				timer = nil
 				grace = time.After(exportTimeout)
-				if arm != nil {
-					// The code is over; the init exports its files.
-					arm(time.Now().Add(exportTimeout + time.Second))
-				}
+				// The code is over; the init exports its files.
+				c.deadline(time.Now().Add(exportTimeout + time.Second))
 			case iError:
 				if start.IsZero() {
 					// The call could not be set up (an input file failed):
@@ -400,7 +391,7 @@ func supervise(ctx context.Context, c container, s *session, req Request, arm fu
 	}
 	stopTimer()
 	s.closeInput()
-	if w, ok := c.(interface{ waitsForExit() bool }); !done || ok && w.waitsForExit() {
+	if !done || c.waitsForExit() {
 		select {
 		case <-c.exited():
 		case <-time.After(teardownTimeout):
