@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/runtime"
 )
@@ -260,13 +261,13 @@ print(json.dumps({"inotify_errno": ino_err, "mq_errno": mq_err}))`
 		// under gVisor they are its own kernel's, so until A has spun
 		// through its loops and sits idle (its cgroup's CPU time stops).
 		if h.kind == runtime.Libcontainer {
-			waitCond(t, 60*time.Second, "the first call to exhaust its inotify instances", func() bool {
+			testenv.EventuallyWithin(t, 60*time.Second, "the first call to exhaust its inotify instances", func() bool {
 				return countInotify(b.ID) >= 100
 			})
 		} else {
 			var last time.Duration
 			var still int
-			waitCond(t, 60*time.Second, "the first call to exhaust its limits and sit idle", func() bool {
+			testenv.EventuallyWithin(t, 60*time.Second, "the first call to exhaust its limits and sit idle", func() bool {
 				cpu := callCPU(runtime.InstanceID(h.rt), b.ID)
 				if cpu > 50*time.Millisecond && cpu-last < time.Millisecond {
 					still++
@@ -328,18 +329,6 @@ func callCPU(instance, callID string) time.Duration {
 	}
 	n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
 	return time.Duration(n)
-}
-
-// waitCond polls cond until it holds, failing after d.
-func waitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // Socket buffers count against the call: calls that queue twice their
@@ -583,24 +572,17 @@ func TestDeadServerBackstop(t *testing.T) {
 			if call == "" {
 				t.Fatal("the server never reported its call")
 			}
-			waitCond(t, 120*time.Second, "the call's code to run", func() bool { return pythonRunning(call, kind) && len(callProcesses(call)) > 0 })
+			testenv.EventuallyWithin(t, 120*time.Second, "the call's code to run", func() bool { return pythonRunning(call, kind) && len(callProcesses(call)) > 0 })
 			cmd.Process.Signal(syscall.SIGKILL)
 			cmd.Wait()
 			killed := time.Now()
-			for len(callProcesses(call)) > 0 && time.Since(killed) < 10*time.Second {
-				time.Sleep(20 * time.Millisecond)
-			}
-			if left := callProcesses(call); len(left) > 0 {
-				t.Fatalf("%d processes of the call outlived their server by 10 s: %v", len(left), left)
-			}
+			testenv.EventuallyWithin(t, 10*time.Second, "the call's processes to die with their server", func() bool { return len(callProcesses(call)) == 0 })
 			t.Logf("the call's processes were gone %v after the server was killed", time.Since(killed).Round(time.Millisecond))
 			// The watchdog removes the cgroups once they are empty, and the
 			// instance dir's own filesystem.
-			for len(callCgroups(call)) > 0 && time.Since(killed) < 10*time.Second {
-				time.Sleep(20 * time.Millisecond)
-			}
+			testenv.EventuallyWithin(t, 10*time.Second, "the watchdog to remove the call's cgroups", func() bool { return len(callCgroups(call)) == 0 })
 			assertNoCgroups(t, call, true)
-			waitCond(t, 10*time.Second, "the dead instance's mount to be gone", func() bool {
+			testenv.EventuallyWithin(t, 10*time.Second, "the dead instance's mount to be gone", func() bool {
 				mi, _ := os.ReadFile("/proc/self/mountinfo")
 				return !bytes.Contains(mi, []byte(stateDir))
 			})
@@ -696,7 +678,7 @@ func TestPreparedSandboxGetsCallWeight(t *testing.T) {
 				done <- res
 			}()
 			want := fmt.Sprintf("cpu.shares=%d", policy.CPUSharesCall)
-			waitCond(t, 20*time.Second, "the running call's cgroup to have the ordinary CPU weight",
+			testenv.EventuallyWithin(t, 20*time.Second, "the running call's cgroup to have the ordinary CPU weight",
 				func() bool { w := weight(); return w == want || w == "cpu.weight=100" })
 			if res := <-done; string(res.Stdout) != "ran\n" {
 				t.Errorf("the call printed %q, want \"ran\\n\"", res.Stdout)

@@ -148,13 +148,37 @@ func runtimeKinds(t *testing.T) []runtime.Kind {
 	return kinds
 }
 
-// forEachRuntime runs f as a subtest per runtime, on sandboxes prepared
-// for each call, again on sandboxes a pool prepared ahead ("-pooled"), and
-// again on the rootfs with packages and a shell, a packages dir mounted
-// ("-batteries"): every property must hold for all.
+// forEachRuntime runs f as a subtest per container runtime, on sandboxes
+// prepared for each call, again on sandboxes a pool prepared ahead
+// ("-pooled"), and again on the rootfs with packages and a shell, a
+// packages dir mounted ("-batteries"): every property must hold for all.
 func forEachRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 	t.Helper()
 	testenv.Real(t)
+	forEachContainerRuntime(t, f)
+}
+
+// forEachRuntimeAndProcess is forEachRuntime for a property the process
+// runtime claims too: it runs f on the process runtime first, per call
+// and pooled, which needs neither root nor containers, so that make unit
+// (-short) runs it; then on the container runtimes when the machine has
+// them.
+func forEachRuntimeAndProcess(t *testing.T, f func(t *testing.T, h *harness)) {
+	t.Helper()
+	t.Run("process", func(t *testing.T) { f(t, newProcessHarness(t, policy.DefaultLimits())) })
+	t.Run("process-pooled", func(t *testing.T) {
+		h := newProcessHarness(t, policy.DefaultLimits())
+		h.pooled = true
+		f(t, h)
+	})
+	if testing.Short() {
+		return
+	}
+	forEachContainerRuntime(t, f)
+}
+
+func forEachContainerRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
+	t.Helper()
 	for _, kind := range runtimeKinds(t) {
 		t.Run(string(kind), func(t *testing.T) {
 			f(t, newHarness(t, kind, policy.DefaultLimits()))
@@ -216,15 +240,13 @@ func (h *harness) pooledSandbox() (runtime.Sandbox, *bundle.Bundle, func()) {
 		h.t.Cleanup(pool.Close)
 	}
 	// Prepared ahead, not on the call's time.
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if st, ready := h.pool.Stats(); ready > 0 {
-			break
-		} else if st.Failed > 0 || time.Now().After(deadline) {
-			h.t.Fatalf("the pool prepared no sandbox (%+v)", st)
+	testenv.Eventually(h.t, "the pool to prepare a sandbox", func() bool {
+		st, ready := h.pool.Stats()
+		if st.Failed > 0 {
+			h.t.Fatalf("the pool failed to prepare a sandbox (%+v)", st)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return ready > 0
+	})
 	sb, warm, done, err := h.pool.Get(context.Background())
 	if err != nil || !warm {
 		h.t.Fatalf("pool.Get: warm %v, %v", warm, err)
@@ -256,6 +278,49 @@ func newHarness(t *testing.T, kind runtime.Kind, limits policy.Limits) *harness 
 			t.Errorf("instance dir %s still exists after Close (err=%v)", instDir, err)
 		}
 		assertNoCgroups(t, inst, false)
+	})
+	return h
+}
+
+// newProcessHarness is a process runtime with its calls' dirs in a temp
+// dir of the test's, on the host's interpreter.
+func newProcessHarness(t *testing.T, limits policy.Limits) *harness {
+	t.Helper()
+	py, err := rootfs.FindPython(context.Background(), "")
+	if err != nil {
+		need(t, "the process runtime runs the host's python3, which is not usable: %v", err)
+	}
+	// On a tmpfs when the host has one, as the 0.5.4 deployment's /tmp
+	// is: this host's disk takes seconds for the thousands of files some
+	// tests make.
+	work, err := os.MkdirTemp("/dev/shm", "mcp-exec-test-")
+	if err != nil {
+		work = t.TempDir()
+	} else {
+		t.Cleanup(func() { os.RemoveAll(work) })
+	}
+	// A call's own uid (under root) passes through to its dir.
+	for _, d := range []string{filepath.Dir(work), work} {
+		if d != "/dev/shm" {
+			if err := os.Chmod(d, 0o711); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rt, err := runtime.New(runtime.Process, runtime.Config{StateDir: filepath.Join(t.TempDir(), "state"), WorkDir: work})
+	if err != nil {
+		t.Fatalf("runtime.New(process): %v", err)
+	}
+	cfg := testBundleConfig("/", rt, limits)
+	cfg.Python = py.Path
+	h := &harness{t: t, kind: runtime.Process, rt: rt, cfg: cfg}
+	t.Cleanup(func() {
+		if err := rt.Close(); err != nil {
+			t.Errorf("closing runtime: %v", err)
+		}
+		if entries, _ := os.ReadDir(work); len(entries) != 0 {
+			t.Errorf("the process runtime left %d entries in its dir %s", len(entries), work)
+		}
 	})
 	return h
 }
@@ -354,8 +419,31 @@ func (h *harness) assertClean(b *bundle.Bundle) {
 			}
 		}
 	}
+	if h.kind == runtime.Process {
+		// No cgroup to look in: no process may still work in the call's
+		// dir.
+		assertNoProcessIn(h.t, b.Dir)
+		return
+	}
 	assertNoCgroups(h.t, b.ID, true)
 	assertNoProcesses(h.t, b.ID)
+}
+
+// assertNoProcessIn checks that no process on the host has its working
+// dir in dir, the process runtime's call dir.
+func assertNoProcessIn(t *testing.T, dir string) {
+	t.Helper()
+	var left []string
+	testenv.EventuallyWithin(t, time.Second, "no process of the call in "+dir, func() bool {
+		left = left[:0]
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && strings.HasPrefix(cwd, dir) {
+				left = append(left, e.Name())
+			}
+		}
+		return len(left) == 0
+	})
 }
 
 // assertNoCgroups checks that no cgroup of any controller is named after
@@ -390,7 +478,7 @@ func cgroupRoots() []string {
 func assertNoProcesses(t *testing.T, id string) {
 	t.Helper()
 	var left []string
-	for i := 0; i < 50; i++ {
+	testenv.EventuallyWithin(t, time.Second, "no process of call "+id+" to be left", func() bool {
 		left = left[:0]
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
@@ -403,10 +491,6 @@ func assertNoProcesses(t *testing.T, id string) {
 				left = append(left, e.Name()+": "+string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
 			}
 		}
-		if len(left) == 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Errorf("processes of %s left behind: %v", id, left)
+		return len(left) == 0
+	})
 }

@@ -90,7 +90,8 @@ void kill_children(void);
 struct scratch;
 struct scratch *scratch_open(const struct config *c);
 int scratch_fd(const struct scratch *s);
-int scratch_over(struct scratch *s, char *why, size_t whycap);
+int scratch_timeout(const struct scratch *s, int period_ms);
+int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap);
 
 // init_helpers.c
 int userns_hold(void);

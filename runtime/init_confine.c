@@ -23,6 +23,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 // Landlock's ABI, spelled out: the C library's headers may be older than
@@ -197,11 +198,24 @@ struct scratch {
 	const struct config *c;
 	int ino;
 	uint64_t bytes, entries;
-	int unreadable;
+	int unreadable, too_deep;
+	// A measure costs a walk of the tree: the next waits as long as the
+	// last took, so that a code making thousands of files is not slowed
+	// down by more than half; a change in between marks the tree dirty.
+	int dirty;
+	int64_t next_ms;
 };
 
+static int64_t now_ms(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+// Bounds of what the measure walks; past them the code is killed, as past
+// the size: a tree it cannot measure is one it could hide files in.
 #define SCRATCH_MAX_ENTRIES 100000
-#define SCRATCH_MAX_DEPTH 64
+#define SCRATCH_MAX_DEPTH 512
 #define SCRATCH_EVENTS (IN_CREATE | IN_MODIFY | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ATTRIB)
 
 static void measure(struct scratch *s, int dir, int depth) {
@@ -222,7 +236,11 @@ static void measure(struct scratch *s, int dir, int depth) {
 		s->bytes += (uint64_t)st.st_blocks * 512;
 		if (!S_ISDIR(st.st_mode))
 			continue;
-		int sub = depth < SCRATCH_MAX_DEPTH ? openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) : -1;
+		if (depth >= SCRATCH_MAX_DEPTH) {
+			s->too_deep = 1;
+			continue;
+		}
+		int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (sub < 0 && errno == EACCES && fchmodat(dirfd(d), e->d_name, st.st_mode | S_IRWXU, 0) == 0)
 			sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (sub < 0) {
@@ -254,21 +272,41 @@ struct scratch *scratch_open(const struct config *c) {
 
 int scratch_fd(const struct scratch *s) { return s->ino; }
 
-// scratch_over drains the watch's events, measures the tree and says
-// whether it is past the bound (or could not be measured), and why.
-int scratch_over(struct scratch *s, char *why, size_t whycap) {
+// scratch_timeout is how long the init may wait before it must measure:
+// at the end of the pause after a measure when the tree changed since, or
+// the periodic measure's interval.
+int scratch_timeout(const struct scratch *s, int period_ms) {
+	if (!s->dirty)
+		return period_ms;
+	int64_t wait = s->next_ms - now_ms();
+	return wait < 0 ? 0 : (int)wait;
+}
+
+// scratch_over drains the watch's events and, when a measure is due,
+// measures the tree and says whether it is past the bound (or could not
+// be measured), and why.
+int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap) {
 	char ev[4096];
-	while (read(s->ino, ev, sizeof ev) > 0) {
-	}
+	while (read(s->ino, ev, sizeof ev) > 0)
+		s->dirty = 1;
+	s->dirty |= periodic;
+	int64_t start = now_ms();
+	if (!s->dirty || start < s->next_ms)
+		return 0;
 	s->bytes = s->entries = 0;
-	s->unreadable = 0;
+	s->unreadable = s->too_deep = 0;
 	int work = open(s->c->workdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (work < 0)
 		s->unreadable = 1;
 	else
 		measure(s, work, 0);
+	int64_t took = now_ms() - start;
+	s->next_ms = now_ms() + (took > 0 ? took : 1);
+	s->dirty = 0;
 	if (s->unreadable)
 		snprintf(why, whycap, "killed: part of the call's directory could not be measured, so its size could not be bounded");
+	else if (s->too_deep)
+		snprintf(why, whycap, "killed: the call's directory nests dirs more than %d deep", SCRATCH_MAX_DEPTH);
 	else if (s->entries > SCRATCH_MAX_ENTRIES)
 		snprintf(why, whycap, "killed: the call's directory holds more than %d entries", SCRATCH_MAX_ENTRIES);
 	else if (s->bytes > s->c->scratch_bytes)

@@ -3,10 +3,13 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // The pool's bookkeeping, on sandboxes that are only tokens (the sandbox
@@ -85,19 +88,11 @@ func waitStarted(t *testing.T, g *gatedPrepare, want int) {
 // waitWaiting waits until n calls wait for a preparation.
 func waitWaiting(t *testing.T, p *Pool, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.Eventually(t, fmt.Sprintf("%d calls to wait for a preparation", n), func() bool {
 		p.mu.Lock()
-		w := len(p.waiting)
-		p.mu.Unlock()
-		if w == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls wait for a preparation, want %d", w, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer p.mu.Unlock()
+		return len(p.waiting) == n
+	})
 }
 
 type got struct {
@@ -172,16 +167,7 @@ func TestPoolWaiterCancelled(t *testing.T) {
 		t.Fatalf("cancelled Get = %+v, want context.Canceled", r)
 	}
 	g.release(1, nil)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, ready := p.Stats(); ready == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the prepared sandbox never became ready")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitReady(t, p, 1)
 	sb, warm, done, err := p.Get(context.Background())
 	if err != nil || !warm || sb.(*tokenSandbox).id != 1 {
 		t.Fatalf("Get = %v %v %v, want sandbox 1, warm", sb, warm, err)
@@ -259,17 +245,10 @@ func TestPoolRefillsAfterTheCall(t *testing.T) {
 // waitReady waits until n sandboxes are ready.
 func waitReady(t *testing.T, p *Pool, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, r := p.Stats(); r == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			_, r := p.Stats()
-			t.Fatalf("%d sandboxes ready, want %d", r, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, fmt.Sprintf("%d sandboxes to be ready", n), func() bool {
+		_, r := p.Stats()
+		return r == n
+	})
 }
 
 // Close cancels a preparation under way and returns only once it has

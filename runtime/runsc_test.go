@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
@@ -44,7 +45,7 @@ func assertNoRunsc(t *testing.T, h *harness) {
 	t.Helper()
 	root := "--root=" + filepath.Join(runtime.InstanceDir(h.rt), "runsc")
 	var left []string
-	for i := 0; i < 50; i++ {
+	testenv.EventuallyWithin(t, time.Second, "no runsc process of the runtime to be left", func() bool {
 		left = left[:0]
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
@@ -56,12 +57,8 @@ func assertNoRunsc(t *testing.T, h *harness) {
 				left = append(left, e.Name()+": "+string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
 			}
 		}
-		if len(left) == 0 {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Errorf("runsc processes left behind: %v", left)
+		return len(left) == 0
+	})
 }
 
 func TestRunscPrint(t *testing.T) {
@@ -425,12 +422,7 @@ func TestRunscDeadServerIsSwept(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	// The parent-death chain: server → runsc run → sandbox and gofer.
-	for i := 0; i < 100 && countProcs(root) > 0; i++ {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if n := countProcs(root); n > 0 {
-		t.Errorf("%d runsc processes outlived their server by 5 s", n)
-	}
+	testenv.EventuallyWithin(t, 5*time.Second, "the runsc processes to die with their server", func() bool { return countProcs(root) == 0 })
 	rt, err := runtime.New(runtime.Runsc, runtime.Config{StateDir: stateDir})
 	if err != nil {
 		t.Fatalf("runtime.New on the dead server's state dir: %v", err)
@@ -468,11 +460,8 @@ func deadServer(t *testing.T, stateDir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		// Give the sandbox time to boot before announcing it.
-		time.Sleep(1500 * time.Millisecond)
-		fmt.Printf("RUNNING %s\n", runtime.InstanceID(rt))
-	}()
+	// Prepared: the sandbox has booted and its interpreter waits.
+	fmt.Printf("RUNNING %s\n", runtime.InstanceID(rt))
 	sb.Run(context.Background(), runtime.Request{Code: []byte("print('up', flush=True)\nimport time; time.sleep(1000)"),
 		Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
 	t.Fatal("the call ended before the server was killed")

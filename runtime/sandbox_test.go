@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/runtime"
 )
@@ -147,7 +148,7 @@ var deniedProbes = []struct {
 
 func TestSeccompDeniesDangerousSyscalls(t *testing.T) {
 	if goruntime.GOARCH != "amd64" {
-		t.Skipf("syscall numbers in this test are for amd64, not %s", goruntime.GOARCH)
+		testenv.Optional(t, "syscall numbers in this test are for amd64, not %s", goruntime.GOARCH)
 	}
 	var b strings.Builder
 	b.WriteString(`import ctypes, json, os
@@ -165,7 +166,7 @@ out = {}
 		fmt.Fprintf(&b, "out[%q] = call(%d, %s)\n", p.name, p.nr, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(p.args)), ", "), "[]"))
 	}
 	b.WriteString("out['clone3'] = call(435, 0, 0)\nprint(json.dumps(out))\n")
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		var got map[string][2]int
 		h.probe(b.String(), &got)
 		for _, p := range deniedProbes {
@@ -395,7 +396,7 @@ print(json.dumps({"Pid": os.getpid(), "Pids": sorted(int(p) for p in os.listdir(
 // The code is not pid 1, so signals behave as outside a container, and
 // orphans are reaped.
 func TestSignalsAndOrphans(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		if res := h.mustRun(`import os, signal; os.kill(os.getpid(), signal.SIGTERM); print("survived")`); res.ExitCode != 128+15 || len(res.Stdout) != 0 {
 			t.Errorf("SIGTERM to itself: exit %d stdout %q, want 143 and nothing", res.ExitCode, res.Stdout)
 		}
@@ -411,8 +412,13 @@ time.sleep(0.5)
 z = []
 for p in os.listdir("/proc"):
     if p.isdigit():
-        st = open(f"/proc/{p}/stat").read()
-        if st.rsplit(")", 1)[1].split()[0] == "Z":
+        try:
+            st = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # The orphans went to the init (pid 1 of a container; the
+        # process runtime's init is the code's parent and subreaper).
+        if st[0] == "Z" and int(st[1]) in (os.getpid(), os.getppid()):
             z.append(p)
 print(json.dumps({"Zombies": z}))`, &got)
 		if len(got.Zombies) != 0 {
@@ -425,11 +431,11 @@ func TestEnvironmentIsAllowlist(t *testing.T) {
 	const secret = "s3cret-token-that-must-not-leak"
 	t.Setenv("MCP_EXEC_AUTH_TOKEN", secret)
 	t.Setenv("SOME_HOST_SECRET", secret)
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		res := h.mustRun(`import os, json
-print(json.dumps(dict(os.environ)))
+print(json.dumps(dict(os.environ, CWD=os.getcwd())))
 print(open("/proc/self/environ", "rb").read().decode(errors="replace"))
-print(open("/proc/1/cmdline", "rb").read().decode(errors="replace"))`)
+print(open("/proc/%d/cmdline" % os.getppid(), "rb").read().decode(errors="replace"))`)
 		if strings.Contains(string(res.Stdout)+string(res.Stderr), secret) {
 			t.Fatalf("the server's secret reached the sandbox: %s", res.Stdout)
 		}
@@ -437,6 +443,8 @@ print(open("/proc/1/cmdline", "rb").read().decode(errors="replace"))`)
 		if err := json.Unmarshal([]byte(strings.SplitN(string(res.Stdout), "\n", 2)[0]), &env); err != nil {
 			t.Fatalf("decoding environ: %v\n%s", err, res.Stdout)
 		}
+		cwd := env["CWD"]
+		delete(env, "CWD")
 		var got, want []string
 		for k := range env {
 			got = append(got, k)
@@ -457,8 +465,9 @@ print(open("/proc/1/cmdline", "rb").read().decode(errors="replace"))`)
 		if !slices.Equal(got, want) {
 			t.Errorf("environment keys = %v, want exactly %v", got, want)
 		}
-		if env["HOME"] != "/tmp" {
-			t.Errorf("HOME = %q, want /tmp", env["HOME"])
+		// /tmp, or the process runtime's call dir that is its /tmp.
+		if env["HOME"] != cwd || (h.kind != runtime.Process && cwd != "/tmp") {
+			t.Errorf("HOME = %q in %q, want the call's /tmp", env["HOME"], cwd)
 		}
 	})
 }
@@ -652,7 +661,7 @@ while True:
 }
 
 func TestTimeoutKillsDetachedDescendants(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		start := time.Now()
 		res := h.mustRun(`import os, sys, time
 if os.fork() == 0:
@@ -691,7 +700,7 @@ print("parent done")`, withTimeout(60*time.Second))
 }
 
 func TestOutputFloodIsTruncatedNotBlocked(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		const capBytes = 1 << 20
 		res := h.mustRun(`import sys
 chunk = b"x" * (1 << 20)
@@ -713,7 +722,7 @@ sys.stderr.write("done")`, withMaxOutput(capBytes), withTimeout(120*time.Second)
 }
 
 func TestOutputBytesPassThrough(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		res := h.mustRun(`import sys
 sys.stdout.buffer.write(b"\xff\xfe ok \xe2\x82")
 sys.stderr.buffer.write(b"err \x80")`)
@@ -724,7 +733,7 @@ sys.stderr.buffer.write(b"err \x80")`)
 }
 
 func TestExitCodesAndStdin(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		for _, tc := range []struct {
 			code string
 			want int
@@ -779,7 +788,7 @@ if __name__ == "__main__":
 }
 
 func TestCancelKillsAtOnce(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(time.Second, cancel)
 		start := time.Now()
@@ -876,21 +885,25 @@ func lastOf(s []string) string {
 // /tmp/outputs starts empty and its regular files come back, never what a
 // symlink points to, never a device or a FIFO, within the limits.
 func TestFilesInAndOut(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		h.cfg.MaxFiles, h.cfg.MaxFileBytes = 5, 1<<20
+		// Relative to the working dir: /tmp in a container, the process
+		// runtime's call dir.
 		res := h.mustRun(`import json, os, stat
-st = os.stat("/tmp/data/in.csv")
-out = {"csv": open("/tmp/data/in.csv").read(), "bin": list(open("/tmp/raw.bin", "rb").read()),
-       "owner": [st.st_uid, st.st_gid], "outputs": os.listdir("/tmp/outputs"),
-       "outputs_owner": os.stat("/tmp/outputs").st_uid}
-os.makedirs("/tmp/outputs/sub/deeper")
-open("/tmp/outputs/result.txt", "w").write("rows=2\n")
-open("/tmp/outputs/sub/deeper/data.bin", "wb").write(bytes(range(256)))
-os.symlink("/etc/passwd", "/tmp/outputs/link")
-os.symlink("/tmp/data", "/tmp/outputs/dirlink")
-os.mkfifo("/tmp/outputs/fifo")
-with open("/tmp/outputs/sparse", "wb") as f:
-    f.truncate(1 << 40)
+st = os.stat("data/in.csv")
+out = {"csv": open("data/in.csv").read(), "bin": list(open("raw.bin", "rb").read()),
+       "owner": [st.st_uid, st.st_gid], "outputs": os.listdir("outputs"),
+       "outputs_owner": os.stat("outputs").st_uid, "me": [os.getuid(), os.getgid()]}
+os.makedirs("outputs/sub/deeper")
+open("outputs/result.txt", "w").write("rows=2\n")
+open("outputs/sub/deeper/data.bin", "wb").write(bytes(range(256)))
+os.symlink("/etc/passwd", "outputs/link")
+os.symlink(os.path.abspath("data"), "outputs/dirlink")
+os.mkfifo("outputs/fifo")
+with open("outputs/sparse", "wb") as f:
+    # Over the 1 MiB limit; the process runtime bounds a file's size at
+    # the /tmp size (RLIMIT_FSIZE), a tmpfs only its blocks.
+    f.truncate(1 << 40 if os.getcwd() == "/tmp" else 2 << 20)
 print(json.dumps(out))`, withFiles(
 			runtime.File{Path: "data/in.csv", Data: []byte("a,b\n1,2\n")},
 			runtime.File{Path: "raw.bin", Data: []byte{0, 1, 2, 255}},
@@ -900,7 +913,8 @@ print(json.dumps(out))`, withFiles(
 			Bin          []int  `json:"bin"`
 			Owner        []int  `json:"owner"`
 			Outputs      []string
-			OutputsOwner int `json:"outputs_owner"`
+			OutputsOwner int   `json:"outputs_owner"`
+			Me           []int `json:"me"`
 		}
 		if err := json.Unmarshal(res.Stdout, &got); err != nil {
 			t.Fatalf("probe: %v\n%s\n%s", err, res.Stdout, res.Stderr)
@@ -908,8 +922,8 @@ print(json.dumps(out))`, withFiles(
 		if got.CSV != "a,b\n1,2\n" || !slices.Equal(got.Bin, []int{0, 1, 2, 255}) {
 			t.Errorf("input files read back as %q, %v", got.CSV, got.Bin)
 		}
-		if !slices.Equal(got.Owner, []int{policy.UID, policy.GID}) || got.OutputsOwner != policy.UID {
-			t.Errorf("input file owner %v, /tmp/outputs owner %d; want the sandbox's user", got.Owner, got.OutputsOwner)
+		if !slices.Equal(got.Owner, got.Me) || got.OutputsOwner != got.Me[0] || (h.kind != runtime.Process && got.Me[0] != policy.UID) {
+			t.Errorf("input file owner %v, /tmp/outputs owner %d, the code %v; want the sandbox's user", got.Owner, got.OutputsOwner, got.Me)
 		}
 		if len(got.Outputs) != 0 {
 			t.Errorf("/tmp/outputs started with %v, want empty", got.Outputs)
@@ -936,11 +950,11 @@ print(json.dumps(out))`, withFiles(
 // hundred thousand files, a deep tree, files still being written when the
 // code's main process exits.
 func TestOutputsAreBounded(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		h.cfg.MaxFiles, h.cfg.MaxFileBytes = 20, 1<<20
 		start := time.Now()
 		res := h.mustRun(`import os, subprocess, sys
-os.chdir("/tmp/outputs")
+os.chdir("outputs")
 for i in range(5000):
     open("f%05d" % i, "w").close()
 d = "deep"
@@ -949,7 +963,7 @@ for i in range(200):
 os.makedirs(d)
 open(d + "/bottom.txt", "w").write("x")
 # A grandchild that keeps appending after the main process exits.
-subprocess.Popen([sys.executable, "-c", "import time\nf = open('/tmp/outputs/growing', 'ab')\nwhile True:\n    f.write(b'x' * 65536); f.flush()"],
+subprocess.Popen([sys.executable, "-c", "import time\nf = open('growing', 'ab')\nwhile True:\n    f.write(b'x' * 65536); f.flush()"],
                  start_new_session=True)
 `, withTimeout(120*time.Second))
 		took := time.Since(start)
@@ -973,16 +987,16 @@ subprocess.Popen([sys.executable, "-c", "import time\nf = open('/tmp/outputs/gro
 // Outputs the code made unreadable are reported, not silently missing:
 // files_truncated, and a note at the end of the stderr.
 func TestUnreadableOutputsAreReported(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
 		for _, tc := range []struct{ name, code string }{
 			{"the dir", `import os
-open("/tmp/outputs/a.txt", "w").write("a")
-os.chmod("/tmp/outputs", 0)`},
+open("outputs/a.txt", "w").write("a")
+os.chmod("outputs", 0)`},
 			{"a subdir", `import os
-os.makedirs("/tmp/outputs/sub")
-open("/tmp/outputs/sub/b.txt", "w").write("b")
-open("/tmp/outputs/top.txt", "w").write("t")
-os.chmod("/tmp/outputs/sub", 0)`},
+os.makedirs("outputs/sub")
+open("outputs/sub/b.txt", "w").write("b")
+open("outputs/top.txt", "w").write("t")
+os.chmod("outputs/sub", 0)`},
 		} {
 			res := h.mustRun(tc.code)
 			if res.ExitCode != 0 {

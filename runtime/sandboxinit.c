@@ -68,6 +68,7 @@ struct init {
 	int fifo, ino; // the script FIFO, and the watch that sees it opened
 	struct buffer code;
 	int code_given;
+	int refused; // a frame of the call could not be taken: its code never runs
 	int sfd; // signals
 	struct buffer ctl; // what the host sent, not yet parsed
 	struct scratch *scratch;
@@ -278,6 +279,7 @@ static void on_input_file(struct init *in, const unsigned char *p, uint32_t len)
 		snprintf(what, sizeof what, "an input file came in a malformed frame, or after the code");
 	else
 		snprintf(what, sizeof what, "writing input file %s", path);
+	in->refused = 1;
 	report(I_ERROR, what, e);
 }
 
@@ -313,7 +315,9 @@ static void dispatch(struct init *in, char type, const unsigned char *p, uint32_
 		break;
 	case H_KILL: kill_code(in); break;
 	case H_CPU: on_cpu(in, p, len); break;
-	default: report(I_ERROR, "the host sent a frame of an unknown type, or a second configuration", EPROTO);
+	default:
+		in->refused = 1;
+		report(I_ERROR, "the host sent a frame of an unknown type, or a second configuration", EPROTO);
 	}
 }
 
@@ -428,15 +432,20 @@ static void on_signal(struct init *in, short revents) {
 		kill_code(in);
 }
 
-// on_scratch measures the work dir on a change (or a poll's timeout).
-static void on_scratch(struct init *in, short revents) {
-	(void)revents;
+// measure_scratch measures the work dir when one is due: after a change
+// (periodic 0), or at the poll's timeout (periodic 1).
+static void measure_scratch(struct init *in, int periodic) {
 	char why[256];
-	if (in->phase == EXITED || !scratch_over(in->scratch, why, sizeof why))
+	if (in->phase == EXITED || !scratch_over(in->scratch, periodic, why, sizeof why))
 		return;
 	in->exit_flags |= EXIT_SCRATCH;
 	report(I_NOTE, why, 0);
 	kill_code(in);
+}
+
+static void on_scratch(struct init *in, short revents) {
+	(void)revents;
+	measure_scratch(in, 0);
 }
 
 // gather lists what to poll in the current phase.
@@ -461,7 +470,7 @@ static int gather(struct init *in, struct source *s) {
 
 // advance takes the steps that follow from the state the handlers left.
 static void advance(struct init *in) {
-	if (in->phase == READY && in->code_given) {
+	if (in->phase == READY && in->code_given && !in->refused) {
 		write_script(in);
 		in->phase = FEEDING;
 	}
@@ -478,14 +487,14 @@ static void serve(struct init *in) {
 		int n = gather(in, src);
 		for (int i = 0; i < n; i++)
 			p[i] = (struct pollfd){.fd = src[i].fd, .events = src[i].events};
-		int timeout = in->scratch != NULL && in->phase == RUNNING ? SCRATCH_POLL_MS : -1;
+		int timeout = in->scratch != NULL && in->phase == RUNNING ? scratch_timeout(in->scratch, SCRATCH_POLL_MS) : -1;
 		int r = poll(p, (nfds_t)n, timeout);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
 			die("poll");
 		if (r == 0)
-			on_scratch(in, 0);
+			measure_scratch(in, 1);
 		for (int i = 0; i < n; i++) {
 			if (p[i].revents & (src[i].events | POLLHUP | POLLERR))
 				src[i].handle(in, p[i].revents);

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 )
 
 // Real marks a test that needs the real machine (root, containers, a
@@ -41,5 +42,39 @@ func Root(t testing.TB) {
 	Real(t)
 	if os.Geteuid() != 0 {
 		Missing(t, "root is required (running as uid %d)", os.Geteuid())
+	}
+}
+
+// Optional skips a test of something the product does not need, which a
+// host may or may not have (another interpreter manager, a compiler for
+// test objects): a skip everywhere, CI included, saying what is absent.
+func Optional(t testing.TB, format string, args ...any) {
+	t.Helper()
+	t.Skipf("skipping: not on this host, and not required: %s", fmt.Sprintf(format, args...))
+}
+
+// Patience is how long Eventually waits: long enough for a busy machine,
+// where a sandbox may take seconds to start, short enough to end a test
+// that waits for what will never come.
+const Patience = 2 * time.Minute
+
+// Eventually waits, polling, until cond holds, and fails the test after
+// Patience: a test waits for a condition, never for a fixed time.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	EventuallyWithin(t, Patience, what, cond)
+}
+
+// EventuallyWithin is Eventually with its own bound, for a test that
+// asserts how soon something happens (a killed server's processes gone
+// within seconds).
+func EventuallyWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
