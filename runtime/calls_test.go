@@ -1,0 +1,155 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A call from start to verdict: timeouts, cancellation, output, exit
+// codes and stdin, ordinary Python.
+
+func TestTimeoutKillsDetachedDescendants(t *testing.T) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+		start := time.Now()
+		res := h.mustRun(`import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print("grandchild", os.getpid(), flush=True)
+        while True:
+            time.sleep(1)
+    os._exit(0)
+while True:
+    time.sleep(1)`, withTimeout(4*time.Second))
+		if !res.TimedOut || res.ExitCode != 137 {
+			t.Errorf("TimedOut = %v, exit = %d; want true, 137", res.TimedOut, res.ExitCode)
+		}
+		if !strings.Contains(string(res.Stdout), "grandchild") {
+			t.Errorf("stdout = %q, want the grandchild's line", res.Stdout)
+		}
+		if el := time.Since(start); el > 15*time.Second {
+			t.Errorf("run took %v after a 4s timeout", el)
+		}
+		// harness.run has asserted that no process of the call survived.
+
+		// The code's own exit ends the container even with a setsid'd
+		// descendant still running.
+		res = h.mustRun(`import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(600)
+    os._exit(0)
+print("parent done")`, withTimeout(60*time.Second))
+		if res.TimedOut || res.ExitCode != 0 {
+			t.Errorf("parent exit: TimedOut = %v, exit = %d; want false, 0", res.TimedOut, res.ExitCode)
+		}
+	})
+}
+
+func TestOutputFloodIsTruncatedNotBlocked(t *testing.T) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+		const capBytes = 1 << 20
+		res := h.mustRun(`import sys
+chunk = b"x" * (1 << 20)
+for _ in range(100):
+    sys.stdout.buffer.write(chunk)
+sys.stdout.flush()
+sys.stderr.write("done")`, withMaxOutput(capBytes), withTimeout(120*time.Second))
+		if res.TimedOut || res.ExitCode != 0 {
+			t.Fatalf("flood: TimedOut = %v, exit = %d, stderr %q; want a normal exit", res.TimedOut, res.ExitCode, res.Stderr)
+		}
+		if !res.StdoutTruncated || len(res.Stdout) != capBytes || res.StdoutBytes != 100<<20 {
+			t.Errorf("stdout: truncated %v, kept %d, counted %d; want true, %d, %d", res.StdoutTruncated, len(res.Stdout), res.StdoutBytes, capBytes, 100<<20)
+		}
+		if res.StderrTruncated || string(res.Stderr) != "done" {
+			t.Errorf("stderr: truncated %v, %q; want false, \"done\"", res.StderrTruncated, res.Stderr)
+		}
+		t.Logf("100 MiB flood took %v", res.Duration)
+	})
+}
+
+func TestOutputBytesPassThrough(t *testing.T) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+		res := h.mustRun(`import sys
+sys.stdout.buffer.write(b"\xff\xfe ok \xe2\x82")
+sys.stderr.buffer.write(b"err \x80")`)
+		if string(res.Stdout) != "\xff\xfe ok \xe2\x82" || string(res.Stderr) != "err \x80" {
+			t.Errorf("stdout %q stderr %q: bytes were altered", res.Stdout, res.Stderr)
+		}
+	})
+}
+
+func TestExitCodesAndStdin(t *testing.T) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+		for _, tc := range []struct {
+			code string
+			want int
+		}{
+			{"pass", 0},
+			{"import sys; sys.exit(3)", 3},
+			{"raise SystemExit(255)", 255},
+			{"1/0", 1},
+			{"import ctypes; ctypes.string_at(0)", 128 + 11},
+		} {
+			if res := h.mustRun(tc.code); res.ExitCode != tc.want {
+				t.Errorf("%s: exit %d, want %d (stderr %s)", tc.code, res.ExitCode, tc.want, res.Stderr)
+			}
+		}
+		res := h.mustRun(`import sys; data = sys.stdin.read(); print(len(data), data[:5], sys.stdin.read() == "")`,
+			withStdin([]byte("hello"+strings.Repeat("x", 200<<10))))
+		if want := fmt.Sprintf("%d hello True\n", 5+200<<10); string(res.Stdout) != want {
+			t.Errorf("stdin echo = %q, want %q", res.Stdout, want)
+		}
+		// A program that never reads its stdin is not held up by it.
+		res = h.mustRun(`print("ignored")`, withStdin(make([]byte, 1<<20)))
+		if res.ExitCode != 0 || string(res.Stdout) != "ignored\n" {
+			t.Errorf("unread stdin: exit %d stdout %q", res.ExitCode, res.Stdout)
+		}
+	})
+}
+
+func TestOrdinaryPythonWorks(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, h *harness) {
+		res := h.mustRun(`import json, sqlite3, decimal, ssl, hashlib, subprocess, sys, threading, multiprocessing, tempfile, locale
+threads = [threading.Thread(target=lambda: sum(range(10000))) for _ in range(16)]
+[t.start() for t in threads]; [t.join() for t in threads]
+out = subprocess.run([sys.executable, "-c", "print(6*7)"], capture_output=True, text=True, check=True).stdout.strip()
+def sq(x): return x * x
+if __name__ == "__main__":
+    with multiprocessing.Pool(2) as p:
+        mp = p.map(sq, range(5))
+    db = sqlite3.connect(":memory:"); db.execute("create table t(x)"); db.execute("insert into t values (1)")
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(b"x")
+    print(json.dumps({"sub": out, "mp": mp, "db": db.execute("select x from t").fetchone()[0],
+      "dec": str(decimal.Decimal("1.1") + decimal.Decimal("2.2")), "ssl": ssl.OPENSSL_VERSION[:7],
+      "sha": hashlib.sha256(b"").hexdigest()[:8]}))`, withTimeout(60*time.Second))
+		want := `{"sub": "42", "mp": [0, 1, 4, 9, 16], "db": 1, "dec": "3.3", "ssl": "OpenSSL", "sha": "e3b0c442"}` + "\n"
+		if res.PidsLimitHit || res.OOMKilled || res.TimedOut {
+			t.Errorf("ordinary Python: pids limit hit %v, OOM %v, timed out %v; want none", res.PidsLimitHit, res.OOMKilled, res.TimedOut)
+		}
+		if res.ExitCode != 0 || string(res.Stdout) != want {
+			t.Errorf("exit %d\nstdout %s\nwant   %s\nstderr %s", res.ExitCode, res.Stdout, want, res.Stderr)
+		}
+	})
+}
+
+func TestCancelKillsAtOnce(t *testing.T) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(time.Second, cancel)
+		start := time.Now()
+		_, err := h.run(`import time; time.sleep(120)`, withContext(ctx), withTimeout(120*time.Second))
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Run after cancel: err = %v, want context.Canceled", err)
+		}
+		if el := time.Since(start); el > 15*time.Second {
+			t.Errorf("cancelled run took %v", el)
+		}
+	})
+}

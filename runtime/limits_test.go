@@ -1,0 +1,173 @@
+package runtime_test
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+// The limits of a call, each tested by running code that goes past it
+// inside a real sandbox; the figures are the host cgroup's.
+
+func TestMemoryBombIsOOMKilled(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.MemoryBytes = 64 << 20
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			res := h.mustRun(`b = []
+while True:
+    b.append(bytearray(8 << 20))`)
+			if !res.OOMKilled {
+				t.Errorf("OOMKilled = false, want true (exit %d, stderr %s)", res.ExitCode, res.Stderr)
+			}
+			if res.ExitCode != 137 {
+				t.Errorf("exit code = %d, want 137 (SIGKILL)", res.ExitCode)
+			}
+			if res.TimedOut {
+				t.Errorf("TimedOut = true, want false")
+			}
+		})
+	}
+}
+
+func TestForkBombIsContained(t *testing.T) {
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			limits := policy.DefaultLimits()
+			limits.Pids = 32
+			if kind == runtime.Runsc {
+				// gVisor's sentry and gofer are ~46 host tasks of the call's
+				// cgroup before the code forks at all.
+				limits.Pids = 64
+			}
+			h := newHarness(t, kind, limits)
+			code := `import json, os, time
+n, err = 0, 0
+for i in range(500):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e.errno
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    n += 1
+print(json.dumps({"Forked": n, "Errno": err}))`
+			if kind == runtime.Runsc {
+				// gVisor counts its own host tasks against the pids cgroup;
+				// at the limit the whole sandbox ends (exit 2) rather than
+				// fork failing with EAGAIN. Contained all the same.
+				res := h.mustRun(code)
+				if res.ExitCode == 0 || res.TimedOut {
+					t.Errorf("runsc: forking past the pids limit: exit %d, timed out %v; want the sandbox ended", res.ExitCode, res.TimedOut)
+				}
+			} else {
+				var got struct{ Forked, Errno int }
+				h.probe(code, &got)
+				if got.Errno != 11 || got.Forked >= int(limits.Pids) {
+					t.Errorf("forked %d processes, stopped by errno %d; want fewer than %d, stopped by EAGAIN", got.Forked, got.Errno, limits.Pids)
+				}
+			}
+			// A real fork bomb: contained, killed at the timeout, nothing left.
+			res := h.mustRun(`import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass`, withTimeout(3*time.Second))
+			if !res.PidsLimitHit {
+				t.Errorf("fork bomb: PidsLimitHit = false, want true")
+			}
+			if kind == runtime.Runsc && !res.TimedOut && res.ExitCode == 0 {
+				t.Errorf("runsc: fork bomb: exit 0 and not timed out; want the sandbox ended")
+			} else if kind != runtime.Runsc && !res.TimedOut {
+				t.Errorf("fork bomb: TimedOut = false, want true (exit %d)", res.ExitCode)
+			}
+		})
+	}
+}
+
+func TestCPUQuota(t *testing.T) {
+	limits := policy.DefaultLimits()
+	// Small, so that even on a loaded machine the two spinners below get
+	// more than the quota's share of each period without it.
+	limits.CPUs = 0.1
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			// Two processes spin for 2 s of wall-clock time. The host's
+			// cgroup says what they used and whether the quota held them
+			// back; what a process inside gVisor believes is not evidence
+			// (under ptrace its CPU clock counts wall time).
+			res := h.mustRun(`import os, time
+pids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)`)
+			if res.CPUTime <= 0 || res.Duration <= 0 {
+				t.Fatalf("no CPU time or duration from the cgroup: %+v", res)
+			}
+			if ratio := res.CPUTime.Seconds() / res.Duration.Seconds(); ratio > 0.1*1.5 {
+				t.Errorf("two spinning processes used %v of CPU in %v (%.2f cores), want at most about the quota of 0.1", res.CPUTime, res.Duration, ratio)
+			}
+			if res.CPUThrottled <= 0 {
+				t.Errorf("the cgroup never throttled two spinning processes under a 0.1 quota (CPU %v in %v)", res.CPUTime, res.Duration)
+			}
+		})
+	}
+}
+
+// Pages of /tmp are memory: they count against the memory limit, so a
+// tmpfs larger than the limit cannot be used to get around it.
+func TestTmpfsCountsAgainstMemory(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.MemoryBytes = 64 << 20
+	limits.TmpfsBytes = 256 << 20
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, limits)
+			res := h.mustRun(`import sys
+n = 0
+try:
+    with open("/tmp/fill", "wb") as f:
+        while n < 200:
+            f.write(b"x" * (1 << 20)); f.flush(); n += 1
+            print(n, flush=True)
+except OSError as e:
+    print("error", e.errno, flush=True)`)
+			lines := strings.Fields(string(res.Stdout))
+			written := 0
+			for _, l := range lines {
+				if n, err := strconv.Atoi(l); err == nil {
+					written = n
+				}
+			}
+			if written >= 64 {
+				t.Errorf("wrote %d MiB to /tmp under a 64 MiB memory limit (exit %d, oom %v)", written, res.ExitCode, res.OOMKilled)
+			}
+			if !res.OOMKilled && !strings.Contains(string(res.Stdout), "error") {
+				t.Errorf("neither an OOM kill nor a write error: exit %d stdout tail %q", res.ExitCode, lastOf(lines))
+			}
+		})
+	}
+}
+
+func lastOf(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return s[len(s)-1]
+}
