@@ -18,6 +18,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/runtime"
 )
@@ -342,17 +343,11 @@ func TestExecConcurrencyAndQueue(t *testing.T) {
 	}
 }
 
-// waitFor waits for cond, failing the test after 10 s; it polls rather
-// than sleeps a fixed time, so it holds on a loaded machine.
+// waitFor waits for cond: it polls rather than sleeps a fixed time, so it
+// holds on a loaded machine.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, what, cond)
 }
 
 func TestExecCancel(t *testing.T) {

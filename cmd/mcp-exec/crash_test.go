@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // A server killed mid-call takes its containers with it, and its
@@ -70,10 +72,10 @@ func killedServer(t *testing.T, args, extraEnv []string, procs int, killWatchdog
 	defer cmd.Process.Kill()
 	// Wait for the instance to exist and its containers' processes to run.
 	var instance string
-	testEventually(t, 60*time.Second, fmt.Sprintf("%d processes of the instance's containers to start", procs), func() bool {
+	testenv.EventuallyWithin(t, 60*time.Second, fmt.Sprintf("%d processes of the instance's containers to start", procs), func() bool {
 		if entries, _ := os.ReadDir(state); len(entries) == 1 && !strings.HasPrefix(entries[0].Name(), ".") {
 			instance = entries[0].Name()
-			return len(processesIn(instance, 0)) >= procs
+			return len(processesIn(instance)) >= procs
 		}
 		return false
 	})
@@ -89,9 +91,9 @@ func killedServer(t *testing.T, args, extraEnv []string, procs int, killWatchdog
 
 	// The parent-death signal ends the containers at once; the watchdog
 	// would within a second or two.
-	if pids := processesIn(instance, 5*time.Second); len(pids) != 0 {
-		t.Errorf("processes of the killed server's containers still run: %v", pids)
-	}
+	testenv.EventuallyWithin(t, 5*time.Second, "the killed server's containers' processes to be gone", func() bool {
+		return len(processesIn(instance)) == 0
+	})
 	mounted := func() bool {
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		return bytes.Contains(mi, []byte(instance))
@@ -104,7 +106,7 @@ func killedServer(t *testing.T, args, extraEnv []string, procs int, killWatchdog
 		}
 	}
 	if !killWatchdog {
-		testEventually(t, 10*time.Second, "the watchdog to remove the dead server's state and mount", func() bool {
+		testenv.EventuallyWithin(t, 10*time.Second, "the watchdog to remove the dead server's state and mount", func() bool {
 			_, err := os.Stat(filepath.Join(state, instance))
 			return os.IsNotExist(err) && !mounted()
 		})
@@ -129,26 +131,21 @@ func killedServer(t *testing.T, args, extraEnv []string, procs int, killWatchdog
 	}
 }
 
-func processesIn(id string, wait time.Duration) []string {
-	deadline := time.Now().Add(wait)
-	for {
-		var pids []string
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-			if err != nil || !bytes.Contains(cg, []byte(id)) {
+// processesIn lists the live processes in a cgroup whose path holds id.
+func processesIn(id string) []string {
+	var pids []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !bytes.Contains(cg, []byte(id)) {
+			continue
+		}
+		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
+			if f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:])); len(f) > 0 && f[0] == "Z" {
 				continue
 			}
-			if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-				if f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:])); len(f) > 0 && f[0] == "Z" {
-					continue
-				}
-			}
-			pids = append(pids, e.Name())
 		}
-		if len(pids) == 0 || time.Now().After(deadline) {
-			return pids
-		}
-		time.Sleep(50 * time.Millisecond)
+		pids = append(pids, e.Name())
 	}
+	return pids
 }

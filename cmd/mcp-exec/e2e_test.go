@@ -124,18 +124,19 @@ func startServer(t *testing.T, env []string, args ...string) *proc {
 // match's submatches.
 func (p *proc) waitLog(t *testing.T, re *regexp.Regexp) []string {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if m := re.FindStringSubmatch(p.stderr.String()); m != nil {
-			return m
+	var m []string
+	testenv.Eventually(t, fmt.Sprintf("the server's log to match %s", re), func() bool {
+		if m = re.FindStringSubmatch(p.stderr.String()); m != nil {
+			return true
 		}
 		select {
 		case <-p.done:
 			t.Fatalf("server exited, its log never matched %s:\n%s", re, p.stderr)
 		default:
 		}
-	}
-	t.Fatalf("the server's log never matched %s:\n%s", re, p.stderr)
-	return nil
+		return false
+	})
+	return m
 }
 
 // url waits for an HTTP server to listen and returns its base URL.
@@ -713,13 +714,9 @@ func TestBinaryPool(t *testing.T) {
 	}
 	for i := range 4 {
 		// Let the pool refill: 2 prepared at first, one more per call.
-		deadline := time.Now().Add(60 * time.Second)
-		for strings.Count(stderr.String(), "sandbox prepared ahead") < 2+i {
-			if time.Now().After(deadline) {
-				t.Fatalf("the pool did not prepare sandbox %d within 60 s:\n%s", 2+i, stderr.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testenv.Eventually(t, fmt.Sprintf("the pool to prepare sandbox %d", 2+i), func() bool {
+			return strings.Count(stderr.String(), "sandbox prepared ahead") >= 2+i
+		})
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": fmt.Sprintf(`import os
 print(sorted(os.listdir("/tmp")), sorted(os.listdir("/tmp/outputs")))
 open("/tmp/mark-%d", "w").close()`, i)}})
@@ -732,10 +729,7 @@ open("/tmp/mark-%d", "w").close()`, i)}})
 	}
 	// The server's log reaches us through a pipe and a copying goroutine,
 	// so the last call's line may trail its result: wait for it.
-	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(stderr.String(), "msg=exec ") < 4 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the four calls' log lines", func() bool { return strings.Count(stderr.String(), "msg=exec ") >= 4 })
 	if n := strings.Count(stderr.String(), "pooled=true"); n != 4 {
 		t.Errorf("%d of 4 calls ran on a prepared sandbox, want 4:\n%s", n, stderr.String())
 	}
@@ -799,10 +793,9 @@ func TestBinaryHTTPStatelessReplicas(t *testing.T) {
 	}
 	// Logs trail results through a pipe; a replica has had its turns once
 	// both have logged six calls between them.
-	deadline := time.Now().Add(10 * time.Second)
-	for strings.Count(replicas[0].stderr.String()+replicas[1].stderr.String(), "msg=exec ") < 6 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the six calls' log lines", func() bool {
+		return strings.Count(replicas[0].stderr.String()+replicas[1].stderr.String(), "msg=exec ") >= 6
+	})
 	for i, p := range replicas {
 		if n := strings.Count(p.stderr.String(), "msg=exec "); n == 0 {
 			t.Errorf("replica %d served none of the calls", i)
@@ -824,13 +817,7 @@ func TestBinaryHTTPStatelessReplicas(t *testing.T) {
 	d := &dropper{}
 	gone := connectHTTP(t, &mcp.StreamableClientTransport{Endpoint: lb.URL + "/mcp", HTTPClient: httpClient("Authorization", "Bearer "+testToken, d), MaxRetries: -1}, nil)
 	go gone.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "import time; time.sleep(60)"}})
-	deadline = time.Now().Add(20 * time.Second)
-	for containers(replicas) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the call never started on a replica")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the call to start on a replica", func() bool { return containers(replicas) > 0 })
 	d.drop()
 	for _, p := range replicas {
 		waitNoContainers(t, p.stateDir, 5*time.Second)

@@ -165,36 +165,31 @@ func leftovers(stateDir, instance string) []string {
 func waitNoContainers(t testing.TB, stateDir string, d time.Duration) {
 	t.Helper()
 	var left []string
-	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+	defer func() {
+		if len(left) > 0 {
+			t.Logf("calls still held: %s", strings.Join(left, ", "))
+		}
+	}()
+	testenv.EventuallyWithin(t, d, "no call to hold anything", func() bool {
 		left = nil
 		for _, id := range instances(t, stateDir) {
 			left = append(left, leftovers(stateDir, id)...)
 		}
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v, calls still hold: %s", d, strings.Join(left, ", "))
-		}
-	}
+		return len(left) == 0
+	})
 }
 
 // waitContainers waits until n containers run under stateDir.
 func waitContainers(t testing.TB, stateDir string, n int, d time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+	testenv.EventuallyWithin(t, d, fmt.Sprintf("%d containers to run", n), func() bool {
 		got := 0
 		for _, id := range instances(t, stateDir) {
 			entries, _ := os.ReadDir(filepath.Join(stateDir, id, "containers"))
 			got += len(entries)
 		}
-		if got >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v, %d containers run, want %d", d, got, n)
-		}
-	}
+		return got >= n
+	})
 }
 
 // assertGone checks that a stopped server left nothing: no instance dir

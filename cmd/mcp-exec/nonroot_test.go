@@ -193,8 +193,9 @@ func TestNonRootDoctorNamesTheFix(t *testing.T) {
 
 func assertNoProcessRunning(t *testing.T, bin string) {
 	t.Helper()
-	for i := 0; i < 50; i++ {
-		found := ""
+	found := ""
+	testenv.EventuallyWithin(t, time.Second, "no process of "+bin+" to run", func() bool {
+		found = ""
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
 			cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
@@ -202,12 +203,8 @@ func assertNoProcessRunning(t *testing.T, bin string) {
 				found = string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}))
 			}
 		}
-		if found == "" {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Errorf("a process of %s is still running", bin)
+		return found == ""
+	})
 }
 
 // With the privileges of mcp-exec 0.5.4's drop-in deployment (uid 65532,
@@ -217,9 +214,7 @@ func assertNoProcessRunning(t *testing.T, bin string) {
 // own working dir, its files in and out, and nothing of it outlives it.
 func TestAutoFallsBackToProcess(t *testing.T) {
 	testenv.Real(t)
-	if os.Geteuid() != 0 {
-		t.Skip("the test drops to uid 65532 with setpriv, which needs root")
-	}
+	testenv.Root(t) // it drops to uid 65532 with setpriv
 	wrappers := nonrootWrappers(t)
 	bin, dir := publicBinary(t)
 	tmp := filepath.Join(dir, "tmp")
@@ -273,17 +268,10 @@ import time; time.sleep(30)`,
 	}
 	// The orphan that left the process group is gone too, and so is the
 	// call's dir.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testenv.EventuallyWithin(t, 5*time.Second, "the call's setsid grandchild to be gone", func() bool {
 		b, _ := exec.Command("pgrep", "-f", "mcp-exec-orphan").Output()
-		if len(bytes.TrimSpace(b)) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the call's setsid grandchild outlived it: %s", b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(bytes.TrimSpace(b)) == 0
+	})
 	entries, _ := filepath.Glob(filepath.Join(tmp, "mcp-exec-*", "*-*"))
 	if len(entries) != 0 {
 		t.Errorf("the call's dirs are left: %v", entries)

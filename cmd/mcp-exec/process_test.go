@@ -236,7 +236,7 @@ print("main done", flush=True)`, marker)
 				done <- out
 			}()
 			var daemon int
-			testEventually(t, 30*time.Second, "the call's setsid grandchild to run", func() bool {
+			testenv.EventuallyWithin(t, 30*time.Second, "the call's setsid grandchild to run", func() bool {
 				daemon = pidOf(marker)
 				return daemon > 0
 			})
@@ -293,7 +293,7 @@ print(sorted(os.listdir("outputs")))`, "files": []map[string]any{{"path": "secre
 				victim <- res
 			}()
 			var secret string
-			testEventually(t, 30*time.Second, "the victim call's input file", func() bool {
+			testenv.EventuallyWithin(t, 30*time.Second, "the victim call's input file", func() bool {
 				matches, _ := filepath.Glob(filepath.Join(s.tmp, "mcp-exec-*", "*", "work", "secret.txt"))
 				if len(matches) == 1 {
 					secret = matches[0]
@@ -425,7 +425,7 @@ print(n, flush=True)
 open("exhausted", "w").write(str(n))
 time.sleep(10)`, "timeout_s": 30})
 	}()
-	testEventually(t, 30*time.Second, "the first call to exhaust its inotify instances", func() bool {
+	testenv.EventuallyWithin(t, 30*time.Second, "the first call to exhaust its inotify instances", func() bool {
 		matches, _ := filepath.Glob(filepath.Join(s.tmp, "mcp-exec-*", "*", "work", "exhausted"))
 		return len(matches) == 1
 	})
@@ -465,17 +465,5 @@ func parentOf(pid int) (int, error) {
 // waitGone waits for every process holding marker to be gone.
 func waitGone(t *testing.T, marker string, d time.Duration) {
 	t.Helper()
-	testEventually(t, d, "the call's processes ("+marker+") to be gone", func() bool { return pidOf(marker) == 0 })
-}
-
-// testEventually polls cond until it holds, failing after d.
-func testEventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.EventuallyWithin(t, d, "the call's processes ("+marker+") to be gone", func() bool { return pidOf(marker) == 0 })
 }
