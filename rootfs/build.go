@@ -15,11 +15,9 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
-)
 
-// tempPrefix starts the name of a rootfs being built. Ensure removes dirs of
-// that name it finds in its cache dir: they are left by a killed build.
-const tempPrefix = ".building-"
+	"github.com/inhuman/mcp-exec/rootfs/image"
+)
 
 // localeDir is glibc's C.UTF-8 locale. The sandbox sets LANG=C.UTF-8; without
 // it setlocale(LC_ALL, "") fails and so does user code that calls it.
@@ -70,7 +68,7 @@ func EtcFile(name string) string {
 // resolving localhost, nothing of the host's configuration. A package may
 // add its own, from a constant (matplotlibRC).
 // The ids must match policy.UID and policy.GID; rootfs does not import policy
-// (see STYLE.md), so a change there must be made here by hand; runtime's
+// (docs/architecture.md), so a change there must be made here by hand; runtime's
 // TestKeptInSync fails until it is.
 var etcFiles = []etcFile{
 	{"passwd", "root:x:0:0:root:/root:/sbin/nologin\nsandbox:x:65532:65532:sandbox:/tmp:/sbin/nologin\n"},
@@ -117,7 +115,10 @@ func buildFrom(ctx context.Context, dpkgDir string, py Interpreter, opts Options
 		return fmt.Errorf("building rootfs: %w", err)
 	}
 
-	tmp, err := os.MkdirTemp(filepath.Dir(out), tempPrefix+filepath.Base(out)+"-")
+	// Staged next to out as a cache entry is: a killed build leaves what
+	// Ensure removes when out is in its cache.
+	parent, name := cache{dir: filepath.Dir(out)}, filepath.Base(out)
+	tmp, err := parent.stage(name)
 	if err != nil {
 		return fmt.Errorf("building rootfs: %w", err)
 	}
@@ -153,7 +154,7 @@ func buildFrom(ctx context.Context, dpkgDir string, py Interpreter, opts Options
 			}
 		}()
 	}
-	if err := renameNoReplace(tmp, out); err != nil {
+	if err := parent.publish(tmp, name); err != nil {
 		return fmt.Errorf("building rootfs: %w", err)
 	}
 	return nil
@@ -166,23 +167,6 @@ func (py Interpreter) checkPaths() error {
 		if !filepath.IsAbs(f.path) {
 			return fmt.Errorf("interpreter %s is %q, want an absolute path", f.name, f.path)
 		}
-	}
-	return nil
-}
-
-// renameNoReplace renames without replacing: a plain rename(2) of a dir onto
-// an empty dir succeeds, which would hide a concurrent mistake.
-func renameNoReplace(from, to string) error {
-	err := unix.Renameat2(unix.AT_FDCWD, from, unix.AT_FDCWD, to, unix.RENAME_NOREPLACE)
-	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
-		// The filesystem cannot; Lstat narrows the window to nearly nothing.
-		if _, statErr := os.Lstat(to); statErr == nil {
-			return &os.LinkError{Op: "rename", Old: from, New: to, Err: unix.EEXIST}
-		}
-		return os.Rename(from, to)
-	}
-	if err != nil {
-		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
 	}
 	return nil
 }
@@ -723,27 +707,14 @@ feed:
 	return b.ctx.Err()
 }
 
-// fileMode is the mode a copy gets: root owns the rootfs and the sandbox
-// (uid 65532, "others") must read everything and run what the host can run.
-// setuid/setgid would be inert under no_new_privs, and group- and
-// world-writable bits would let whoever shares the cache's group or uid
-// change what every sandbox runs; all go.
-func fileMode(host fs.FileMode) fs.FileMode {
-	m := host.Perm() &^ 0o022
-	m |= 0o004
-	if m&0o111 != 0 {
-		m |= 0o001
-	}
-	return m
-}
-
 func copyFile(src, dst string, fi fs.FileInfo) (retErr error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("copying %s: %w", src, err)
 	}
 	defer in.Close()
-	mode := fileMode(fi.Mode())
+	// The rule every file of a rootfs keeps, copied here or from an image.
+	mode := image.FileMode(fi.Mode())
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
 		return fmt.Errorf("copying %s: %w", src, err)

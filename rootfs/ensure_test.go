@@ -204,7 +204,7 @@ func TestEnsureRemovesLeftovers(t *testing.T) {
 func TestEnsureWaitsForLockWithContext(t *testing.T) {
 	py := Interpreter{Path: "/usr/bin/python3.99", Version: "3.99.0", Hash: "x"}
 	cache := t.TempDir()
-	unlock, err := lockDir(context.Background(), cache)
+	unlock, err := generations(cache).lock(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,7 +509,7 @@ func TestRemoveGeneration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := removeGeneration(cache, name); err != nil {
+	if err := generations(cache).remove(name); err != nil {
 		t.Fatal(err)
 	}
 	if exists(dir) || exists(dir+manifestSuffix) {
@@ -529,20 +529,20 @@ func TestRemoveGeneration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := removeGeneration(cache, name); err != nil {
+	if err := generations(cache).remove(name); err != nil {
 		t.Fatal(err)
 	}
 	if !exists(dir) || !exists(dir+manifestSuffix) {
 		t.Errorf("removeGeneration removed a generation held with a shared lock")
 	}
 	om.f.Close()
-	if err := removeGeneration(cache, name); err != nil || exists(dir) {
+	if err := generations(cache).remove(name); err != nil || exists(dir) {
 		t.Errorf("removeGeneration once released = %v (dir still there: %v), want it removed", err, exists(dir))
 	}
 
 	// Without a manifest: left alone.
 	create(false)
-	if err := removeGeneration(cache, name); err != nil || !exists(dir) {
+	if err := generations(cache).remove(name); err != nil || !exists(dir) {
 		t.Errorf("removeGeneration of a generation without manifest = %v (dir there: %v), want it left alone", err, exists(dir))
 	}
 	if got := strings.Join(dirNames(t, cache), " "); got != name {

@@ -168,7 +168,7 @@ func saveLayout(t testing.TB, dir string, imgs map[string]v1.Image) string {
 	for _, ref := range refs {
 		var opts []layout.Option
 		if ref != "" {
-			opts = append(opts, layout.WithAnnotations(map[string]string{annotationRefName: ref}))
+			opts = append(opts, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref}))
 		}
 		if err := lp.AppendImage(imgs[ref], opts...); err != nil {
 			t.Fatal(err)
@@ -355,14 +355,7 @@ func entryNames(t testing.TB, dir string) []string {
 
 // releaseImage drops this process's hold on dir, as its exit would.
 func releaseImage(dir string) {
-	heldImages.Lock()
-	defer heldImages.Unlock()
-	for id, h := range heldImages.files {
-		if h.dir == dir {
-			h.f.Close()
-			delete(heldImages.files, id)
-		}
-	}
+	release(dir)
 }
 
 func flatten(t testing.TB, src, cache string, opts ImageOptions) Image {
@@ -704,7 +697,7 @@ func TestFlattenImageMultiPlatform(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lp.AppendIndex(idx, layout.WithAnnotations(map[string]string{annotationRefName: "multi"})); err != nil {
+	if err := lp.AppendIndex(idx, layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "multi"})); err != nil {
 		t.Fatal(err)
 	}
 	im := flatten(t, p, filepath.Join(work, "cache"), ImageOptions{})

@@ -181,7 +181,7 @@ func (s *sources) manifest() *manifest {
 }
 
 // writeManifest writes m to p, 0600, atomically: through a temp file in the
-// same dir, named so that removeLeftovers takes it if the writer dies.
+// same dir, named so that the cache's tidy takes it if the writer dies.
 func writeManifest(p string, m *manifest) (retErr error) {
 	f, err := os.CreateTemp(filepath.Dir(p), tempPrefix+filepath.Base(p)+"-")
 	if err != nil {

@@ -1,15 +1,34 @@
-// Package rootfs builds the default read-only root filesystem of the sandbox
-// from the host's python3: the interpreter, the shared libraries it and its
-// extension modules load, the standard library, and a skeleton /etc. Nothing is
-// downloaded. It knows nothing of containers; it builds a directory and returns
-// its path.
+// Package rootfs makes the read-only root filesystem every sandbox runs on,
+// and says which one a configuration asks for. It knows nothing of
+// containers: it builds, finds or flattens a directory and returns its path;
+// whether Python runs there only a sandbox can tell, and the caller's is
+// passed in (Prove).
 //
-// Options add, from the host's Debian packages, Python packages (numpy,
-// pandas, ...: the python3-* packages, their python3-* dependencies, the data
-// packages those need, and the libraries of all of them) and a shell
-// (busybox-static). Describe says what a configuration offers, for the tool's
-// description; CheckPackagesDir checks a dir of packages meant to be mounted
-// at PackagesDirMountPoint.
+// Its rooms:
+//   - open.go: which rootfs (Open). An operator's dir (MCP_EXEC_ROOTFS), a
+//     container image (MCP_EXEC_ROOTFS_IMAGE) or, by default, one built from
+//     the host's python3; where a packages dir (MCP_EXEC_PACKAGES_DIR) is
+//     mounted in it; and what is proven in a sandbox, when.
+//   - build.go, elf.go, dpkg.go, packages.go, shell.go: Build, the default
+//     rootfs from the host's python3: the interpreter, the shared libraries
+//     it and its extension modules load, the standard library, and a
+//     skeleton /etc. Nothing is downloaded. Options add, from the host's
+//     Debian packages, Python packages (numpy, pandas, ...: the python3-*
+//     packages, their python3-* dependencies, the data packages those need,
+//     and the libraries of all of them) and a shell (busybox-static).
+//     Describe says what a configuration offers, for the tool's description.
+//   - python.go, options.go: the host interpreter (FindPython) and Options,
+//     which together key a built rootfs.
+//   - ensure.go, manifest.go: Ensure, a built rootfs cached by its key and
+//     built anew when a host file it was built from changes.
+//   - image.go, overlay.go: FlattenImage, an image's layers applied by
+//     package image, the sandbox's own files laid over them, cached by the
+//     image's digest.
+//   - cache.go: the cache dir Ensure and FlattenImage share: one lock,
+//     entries written once and held by every process that uses them.
+//   - rootfs.go, packagesdir.go: Check says whether a dir is a usable
+//     rootfs, CheckPackagesDir whether a dir of packages meant to be
+//     mounted at PackagesDirMountPoint loads in it.
 //
 // Invariants a maintainer must keep:
 //   - Every host path keeps its name in the rootfs, and every symlink met on
@@ -23,8 +42,8 @@
 //   - The rootfs is shared by every call and mounted read-only, so it holds,
 //     ready-made, everything the runtime mounts onto (MountPoints,
 //     PackagesDirMountPoint) and nothing of the host's /etc; it is readable
-//     by uid 65532, and holds no
-//     setuid, setgid or world-writable file.
+//     by uid 65532, and holds no setuid, setgid, group- or world-writable
+//     file: every file gets image.FileMode, built or flattened.
 //   - A rootfs appears complete or not at all: it is built in a temp dir next
 //     to its final path and renamed; a failed build leaves nothing behind.
 //   - A cached rootfs is keyed by its interpreter and its normalized Options
@@ -44,6 +63,10 @@
 //     reproduced: /etc stays the skeleton, and the file the link leads to is
 //     copied under the link's name. /etc files a package needs are written
 //     from constants (matplotlibrc), never copied from the host.
+//   - Python is proven to run in a real sandbox before a rootfs is used: a
+//     rootfs built here once, before it enters the cache (never again at
+//     start); a rootfs, image or packages dir of the operator's making at
+//     every start, with the packages dir mounted (Open).
 //   - Every rootfs has the empty PackagesDirMountPoint, with real dirs all
 //     the way, so that a packages dir can be mounted without creating
 //     anything in the shared rootfs.

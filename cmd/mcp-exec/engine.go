@@ -45,30 +45,12 @@ type engine struct {
 var errSandboxStart = errors.New("sandbox unavailable")
 
 // newEngine creates the runtime (refusing when the host cannot give the
-// full sandbox) and finds or builds the rootfs.
+// full sandbox) and opens the rootfs, proven in that runtime's sandboxes.
 func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, retErr error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	rtCfg := runtime.Config{
-		StateDir:      cfg.StateDir,
-		Logger:        log,
-		RunscPath:     cfg.RunscPath,
-		RunscPlatform: cfg.RunscPlatform,
-	}
-	if cfg.Shell {
-		// The process runtime runs the host's own tools where a container
-		// has busybox's.
-		rtCfg.Executables = []string{"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"}
-	}
-	var rt runtime.Runtime
-	var why string
-	var err error
-	if cfg.Runtime == runtime.Auto {
-		rt, why, err = runtime.NewAuto(rtCfg)
-	} else {
-		rt, err = runtime.New(cfg.Runtime, rtCfg)
-	}
+	rt, why, err := newRuntime(cfg, log)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
 	}
@@ -88,92 +70,53 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 			"runtime", rt.Kind(), "why", why, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
 		return s, s.startProcess(ctx, cfg)
 	}
-
-	opts := cfg.rootfsOptions()
-	dir := cfg.Rootfs
-	python := rootfs.PythonPath
-	var packagesMount string
-	switch {
-	case cfg.RootfsImage != "":
-		start := time.Now()
-		im, err := rootfs.FlattenImage(ctx, cfg.RootfsImage, rootfs.DefaultCacheDir(), rootfs.ImageOptions{
-			Prepare: func(ctx context.Context, dir, python string) error {
-				return s.compileImage(ctx, cfg, dir, python)
-			},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
-		}
-		dir, python = im.Dir, im.Python
-		log.Debug("image rootfs ready", "dir", dir, "digest", im.Digest, "python", im.Python, "elapsed", time.Since(start))
-	case dir == "":
-		py, err := rootfs.FindPython(ctx, cfg.Python)
-		if err != nil {
-			return nil, fmt.Errorf("%w: finding python (MCP_EXEC_PYTHON): %w", errSandboxStart, err)
-		}
-		// What the packages bring, or the exact apt-get line when one is
-		// missing, before anything is built.
-		if s.contents, err = rootfs.Describe(py, opts); err != nil {
-			return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
-		}
-		start := time.Now()
-		// A cached rootfs was proven at build time by running Python in a
-		// real sandbox; it is not re-run on every start.
-		dir, err = rootfs.Ensure(ctx, py, opts, rootfs.DefaultCacheDir(), func(ctx context.Context, dir string) error {
-			_, err := s.validateRootfs(ctx, s.bundleConfig(cfg, dir, ""), s.contents.Modules, cfg.Preload)
-			return err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("%w: preparing the rootfs: %w", errSandboxStart, err)
-		}
-		s.pythonVersion = py.Version
-		packagesMount = rootfs.PackagesDirMountPoint(py)
-		log.Debug("rootfs ready", "dir", dir, "python", py.Path, "options", opts.String(), "elapsed", time.Since(start))
-	default:
-		abs, err := filepath.Abs(dir)
-		if err != nil {
-			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS: %w", errSandboxStart, err)
-		}
-		dir = abs
-		if err := rootfs.Check(dir); err != nil {
-			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s is not a usable rootfs: %w", errSandboxStart, dir, err)
-		}
-		if err := searchableByOthers(dir); err != nil {
-			return nil, fmt.Errorf("%w: MCP_EXEC_ROOTFS=%s: %w", errSandboxStart, dir, err)
-		}
-		// A rootfs built with packages (mcp-exec rootfs build --packages,
-		// as the image does): the same settings say what it holds, and the
-		// start-up probe imports it.
-		if o := cfg.rootfsOptions(); len(o.Packages) > 0 || o.Shell {
-			py, err := rootfs.FindPython(ctx, cfg.Python)
-			if err != nil {
-				return nil, fmt.Errorf("%w: finding python (MCP_EXEC_PYTHON) to describe MCP_EXEC_PACKAGES: %w", errSandboxStart, err)
-			}
-			if s.contents, err = rootfs.Describe(py, o); err != nil {
-				return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
-			}
-		}
+	start := time.Now()
+	root, err := rootfs.Open(ctx, rootfsSource(cfg), func(ctx context.Context, t rootfs.Trial) (string, error) {
+		return s.prove(ctx, cfg, t)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
 	}
-	if cfg.PackagesDir != "" {
-		if packagesMount, err = packagesMountIn(dir, packagesMount); err != nil {
-			return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
-		}
-		if err := rootfs.CheckPackagesDir(cfg.PackagesDir, dir); err != nil {
-			return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
-		}
-	}
-	s.bundleCfg = s.bundleConfig(cfg, dir, packagesMount)
-	s.bundleCfg.Python = python
-	if cfg.Rootfs != "" || cfg.RootfsImage != "" || cfg.PackagesDir != "" {
-		// A rootfs or packages of the operator's making is proven once per
-		// start.
-		version, err := s.validateRootfs(ctx, s.bundleCfg, s.contents.Modules, nil)
-		if err != nil {
-			return nil, fmt.Errorf("%w: the rootfs %s: %w", errSandboxStart, dir, err)
-		}
-		s.pythonVersion = version
-	}
+	log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
+	s.contents, s.pythonVersion = root.Contents, root.PythonVersion
+	s.bundleCfg = s.bundleConfig(cfg, root)
 	return s, nil
+}
+
+// newRuntime creates the runtime cfg names, and says why when auto chose it.
+func newRuntime(cfg config, log *slog.Logger) (runtime.Runtime, string, error) {
+	rtCfg := runtime.Config{
+		StateDir:      cfg.StateDir,
+		Logger:        log,
+		RunscPath:     cfg.RunscPath,
+		RunscPlatform: cfg.RunscPlatform,
+	}
+	if cfg.Shell {
+		// The process runtime runs the host's own tools where a container
+		// has busybox's.
+		rtCfg.Executables = []string{"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"}
+	}
+	if cfg.Runtime == runtime.Auto {
+		return runtime.NewAuto(rtCfg)
+	}
+	rt, err := runtime.New(cfg.Runtime, rtCfg)
+	return rt, "", err
+}
+
+// rootfsSource is which rootfs cfg asks for.
+func rootfsSource(cfg config) rootfs.Source {
+	return rootfs.Source{Dir: cfg.Rootfs, Image: cfg.RootfsImage, Python: cfg.Python,
+		Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir}
+}
+
+// prove runs what rootfs.Open asks in a sandbox of this engine: the start-up
+// probe, or the byte-compiling of an image.
+func (s *engine) prove(ctx context.Context, cfg config, t rootfs.Trial) (string, error) {
+	bc := s.bundleConfig(cfg, t.Root)
+	if t.Compile {
+		return "", s.compileImage(ctx, bc)
+	}
+	return s.validateRootfs(ctx, bc, t.Root.Contents.Modules, t.Preload)
 }
 
 // compileImage byte-compiles an image's Python tree before it is cached:
@@ -183,9 +126,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 // /tmp/outputs (PYTHONPYCACHEPREFIX) and returned as output files, which
 // are then put where the interpreter looks for them: the image's files
 // stay read-only to the sandbox and nothing of the image runs on the host.
-func (s *engine) compileImage(ctx context.Context, cfg config, dir, python string) error {
-	bc := s.bundleConfig(cfg, dir, "")
-	bc.Python = python
+func (s *engine) compileImage(ctx context.Context, bc bundle.Config) error {
 	bc.Limits.MemoryBytes = max(bc.Limits.MemoryBytes, 1<<30)
 	bc.Limits.TmpfsBytes = 768 << 20
 	bc.Limits.CPUs = max(bc.Limits.CPUs, 2)
@@ -200,7 +141,7 @@ func (s *engine) compileImage(ctx context.Context, cfg config, dir, python strin
 		return fmt.Errorf("byte-compiling the image in a sandbox: exit %d, timed out %v, output cut %v: %s",
 			res.ExitCode, res.TimedOut, res.FilesTruncated, lastLines(res.Stderr, 3))
 	}
-	n, err := placeBytecode(dir, res.Files)
+	n, err := placeBytecode(bc.Rootfs, res.Files)
 	s.log.Debug("byte-compiled the image", "files", n)
 	return err
 }
@@ -285,8 +226,7 @@ func (s *engine) startProcess(ctx context.Context, cfg config) error {
 	if s.contents, err = rootfs.Describe(py, cfg.rootfsOptions()); err != nil {
 		return fmt.Errorf("%w: %w", errSandboxStart, err)
 	}
-	s.bundleCfg = s.bundleConfig(cfg, "/", "")
-	s.bundleCfg.Python = py.Path
+	s.bundleCfg = s.bundleConfig(cfg, rootfs.Root{Dir: "/", Python: py.Path, Contents: s.contents})
 	if slices.Contains(s.contents.Modules, "matplotlib") {
 		lib := filepath.Join(s.rt.BundleDir(), "lib")
 		if err := os.Mkdir(lib, 0o755); err != nil {
@@ -304,21 +244,21 @@ func (s *engine) startProcess(ctx context.Context, cfg config) error {
 	return nil
 }
 
-// bundleConfig is what every sandbox of this engine shares.
-func (s *engine) bundleConfig(cfg config, rootfsDir, packagesMount string) bundle.Config {
+// bundleConfig is what every sandbox of this engine on root shares.
+func (s *engine) bundleConfig(cfg config, root rootfs.Root) bundle.Config {
 	bc := bundle.Config{
-		Rootfs:         rootfsDir,
-		Python:         rootfs.PythonPath,
+		Rootfs:         root.Dir,
+		Python:         root.Python,
 		Limits:         cfg.Limits,
 		InitDir:        s.rt.InitDir(),
 		MaxOutputBytes: cfg.MaxOutputBytes,
 		MaxFiles:       cfg.MaxFiles,
 		MaxFileBytes:   cfg.MaxFileBytes,
 		MaxCodeBytes:   cfg.MaxCodeBytes,
-		Env:            append(threadEnv(cfg.Limits.CPUs), s.contents.Env...),
+		Env:            append(threadEnv(cfg.Limits.CPUs), root.Contents.Env...),
 	}
-	if cfg.PackagesDir != "" && packagesMount != "" {
-		bc.PackagesDir, bc.PackagesMount = cfg.PackagesDir, packagesMount
+	if cfg.PackagesDir != "" && root.PackagesMount != "" {
+		bc.PackagesDir, bc.PackagesMount = cfg.PackagesDir, root.PackagesMount
 	}
 	return bc
 }
@@ -329,21 +269,6 @@ func (s *engine) bundleConfig(cfg config, rootfsDir, packagesMount string) bundl
 func threadEnv(cpus float64) []string {
 	n := strconv.Itoa(max(1, int(math.Ceil(cpus))))
 	return []string{"OPENBLAS_NUM_THREADS=" + n, "OMP_NUM_THREADS=" + n, "MKL_NUM_THREADS=" + n, "NUMEXPR_MAX_THREADS=" + n}
-}
-
-// packagesMountIn finds where a packages dir goes in a rootfs: the
-// interpreter's own mount point when the rootfs was built here, else the
-// one dist-packages mount point an operator's rootfs has.
-func packagesMountIn(rootfsDir, known string) (string, error) {
-	if known != "" {
-		return known, nil
-	}
-	matches, _ := filepath.Glob(filepath.Join(rootfsDir, "usr/local/lib/python3*/dist-packages"))
-	if len(matches) != 1 {
-		return "", fmt.Errorf("MCP_EXEC_PACKAGES_DIR: the rootfs %s has %d /usr/local/lib/python3.X/dist-packages dirs to mount it on, want exactly 1 (mcp-exec rootfs build makes one)", rootfsDir, len(matches))
-	}
-	rel, _ := filepath.Rel(rootfsDir, matches[0])
-	return "/" + rel, nil
 }
 
 const preloadPrefix = "MCP_EXEC_PRELOAD"
@@ -464,24 +389,6 @@ func (s *engine) close() error {
 		s.pool.Close()
 	}
 	return s.rt.Close()
-}
-
-// searchableByOthers checks that every directory on the way to dir lets
-// others pass: the sandbox's root is an unprivileged uid of the host (its
-// call slot's), which mounts the rootfs from inside its user namespace.
-func searchableByOthers(dir string) error {
-	for p := dir; ; p = filepath.Dir(p) {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return err
-		}
-		if fi.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("%s has mode %v: the sandbox's unprivileged uids cannot reach the rootfs through it (chmod o+x %s)", p, fi.Mode().Perm(), p)
-		}
-		if p == "/" {
-			return nil
-		}
-	}
 }
 
 func lastLines(b []byte, n int) string {
