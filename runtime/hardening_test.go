@@ -597,15 +597,20 @@ func callCgroups(callID string) []string {
 	return append(matches, more...)
 }
 
-// callProcesses lists the host processes in a call's cgroups.
+// callProcesses lists the live host processes in a call's cgroups (a
+// zombie holds nothing; its parent reaps it).
 func callProcesses(callID string) []string {
 	var pids []string
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err == nil && bytes.Contains(cg, []byte(callID)) {
-			pids = append(pids, e.Name())
+		if err != nil || !bytes.Contains(cg, []byte(callID)) {
+			continue
 		}
+		if st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); bytes.Contains(st, []byte(") Z ")) {
+			continue
+		}
+		pids = append(pids, e.Name())
 	}
 	return pids
 }

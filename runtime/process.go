@@ -556,13 +556,23 @@ type subreaper struct {
 	done chan struct{}
 }
 
+// subreapers counts the process runtimes of this process that made it a
+// subreaper: the last to close makes it an ordinary parent again, so
+// that orphans it no longer sweeps go to init rather than pile up here.
+var subreapers struct {
+	sync.Mutex
+	n int
+}
+
 func startSubreaper(uids *uidPool) *subreaper {
 	r := &subreaper{own: map[int]bool{}, uids: map[int]int{}, root: uids != nil, self: os.Getpid(), pgid: syscall.Getpgrp(),
 		sig: make(chan os.Signal, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	subreapers.Lock()
+	defer subreapers.Unlock()
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		close(r.done)
 		return nil
 	}
+	subreapers.n++
 	notifyChild(r.sig)
 	go r.loop()
 	return r
@@ -686,6 +696,13 @@ func (r *subreaper) stop() {
 	}
 	close(r.quit)
 	<-r.done
+	signal.Stop(r.sig)
+	r.sweep()
+	subreapers.Lock()
+	defer subreapers.Unlock()
+	if subreapers.n--; subreapers.n == 0 {
+		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+	}
 }
 
 // procParent reads a process's parent, process group and real uid.
