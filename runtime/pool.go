@@ -117,7 +117,7 @@ func (p *Pool) Run(ctx context.Context, req Request) (Result, error) {
 		res.Pooled = warm
 		done()
 		p.closeLater(sb)
-		if warm && attempt == 0 && errors.Is(err, ErrNotStarted) && ctx.Err() == nil {
+		if warm && attempt == 0 && errors.Is(err, errNotStarted) && ctx.Err() == nil {
 			p.cfg.Logger.Warn("a prepared sandbox was dead; preparing another", "err", err)
 			continue
 		}

@@ -170,9 +170,9 @@ type Result struct {
 // ErrSandbox marks errors where the sandbox could not be set up or run.
 var ErrSandbox = errors.New("sandbox could not run")
 
-// ErrNotStarted marks a sandbox that ended before the code started: a call
-// may try another.
-var ErrNotStarted = errors.New("the code could not be started")
+// errNotStarted marks a sandbox that ended before the code started: the
+// call may have another (Pool.Run).
+var errNotStarted = errors.New("the code could not be started")
 
 // Runtime prepares containers from bundles.
 type Runtime interface {

@@ -423,7 +423,7 @@ func supervise(ctx context.Context, c supervised, s *session, req Request) (Resu
 	case initError != "":
 		return res, fmt.Errorf("%w: %s", ErrSandbox, initError)
 	case start.IsZero():
-		return res, fmt.Errorf("%w: %w: %s", ErrSandbox, ErrNotStarted, s.failure())
+		return res, fmt.Errorf("%w: %w: %s", ErrSandbox, errNotStarted, s.failure())
 	case exitEv != nil:
 		ws := exitEv.status
 		res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))

@@ -35,14 +35,11 @@ type engine struct {
 	// note says, when the runtime is not a per-call container, what the
 	// sandbox is instead and why it was chosen.
 	note string
-	// pool, when not nil, keeps sandboxes prepared ahead.
+	// pool runs every call: on sandboxes prepared ahead (startPool), or
+	// on one prepared for the call.
 	pool *runtime.Pool
 	log  *slog.Logger
 }
-
-// errSandboxStart marks failures to set up the sandbox at all, which the
-// CLI reports with exit status 125.
-var errSandboxStart = errors.New("sandbox unavailable")
 
 // newEngine creates the runtime (refusing when the host cannot give the
 // full sandbox) and opens the rootfs, proven in that runtime's sandboxes.
@@ -52,7 +49,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	}
 	rt, why, err := newRuntime(cfg, log)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
+		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
 	}
 	defer func() {
 		if retErr != nil {
@@ -60,6 +57,12 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		}
 	}()
 	s := &engine{rt: rt, log: log}
+	s.pool = s.newPool(0, false)
+	defer func() {
+		if retErr != nil {
+			s.pool.Close()
+		}
+	}()
 	if cfg.Runtime == runtime.Auto {
 		log.Info("runtime chosen", "configured", cfg.Runtime, "runtime", rt.Kind(), "why", why)
 	}
@@ -75,7 +78,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		return s.prove(ctx, cfg, t)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errSandboxStart, err)
+		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
 	}
 	log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
 	s.contents, s.pythonVersion = root.Contents, root.PythonVersion
@@ -221,25 +224,25 @@ func (s *engine) startProcess(ctx context.Context, cfg config) error {
 	}
 	py, err := rootfs.FindPython(ctx, cfg.Python)
 	if err != nil {
-		return fmt.Errorf("%w: finding python (MCP_EXEC_PYTHON): %w", errSandboxStart, err)
+		return fmt.Errorf("the sandbox cannot start: finding python (MCP_EXEC_PYTHON): %w", err)
 	}
 	if s.contents, err = rootfs.Describe(py, cfg.rootfsOptions()); err != nil {
-		return fmt.Errorf("%w: %w", errSandboxStart, err)
+		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
 	s.bundleCfg = s.bundleConfig(cfg, rootfs.Root{Dir: "/", Python: py.Path, Contents: s.contents})
 	if slices.Contains(s.contents.Modules, "matplotlib") {
 		lib := filepath.Join(s.rt.BundleDir(), "lib")
 		if err := os.Mkdir(lib, 0o755); err != nil {
-			return fmt.Errorf("%w: %w", errSandboxStart, err)
+			return fmt.Errorf("the sandbox cannot start: %w", err)
 		}
 		if err := rootfs.WriteMatplotlibBackend(lib); err != nil {
-			return fmt.Errorf("%w: %w", errSandboxStart, err)
+			return fmt.Errorf("the sandbox cannot start: %w", err)
 		}
 		s.bundleCfg.Env = append(s.bundleCfg.Env, "PYTHONPATH="+lib)
 	}
 	s.pythonVersion, err = s.validateRootfs(ctx, s.bundleCfg, s.contents.Modules, nil)
 	if err != nil {
-		return fmt.Errorf("%w: %w", errSandboxStart, err)
+		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
 	return nil
 }
@@ -311,21 +314,29 @@ func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
 }
 
 // startPool starts keeping sandboxes prepared ahead, per the
-// configuration: none, a fixed number, or adaptive up to the concurrency.
+// configuration: a fixed number, or adaptive up to the concurrency. With
+// none (0, and until it is called), calls still run through a pool, which
+// prepares each one's sandbox on its time.
 func (s *engine) startPool(cfg config) {
 	if cfg.PoolSize == 0 {
 		return
 	}
-	pc := runtime.PoolConfig{Size: cfg.PoolSize, Logger: s.log,
+	size, adaptive := cfg.PoolSize, false
+	if cfg.PoolSize < 0 {
+		size, adaptive = cfg.MaxConcurrency, true
+	}
+	s.pool.Close() // the empty one newEngine made: it holds nothing
+	s.pool = s.newPool(size, adaptive)
+}
+
+// newPool makes a pool of this engine's sandboxes.
+func (s *engine) newPool(size int, adaptive bool) *runtime.Pool {
+	return runtime.NewPool(runtime.PoolConfig{Size: size, Adaptive: adaptive, Logger: s.log,
 		Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
 			cfg := s.bundleCfg
 			cfg.Ahead = ahead
 			return s.prepare(ctx, cfg)
-		}}
-	if cfg.PoolSize < 0 {
-		pc.Size, pc.Adaptive = cfg.MaxConcurrency, true
-	}
-	s.pool = runtime.NewPool(pc)
+		}})
 }
 
 // prepare makes one sandbox ready for a call.
@@ -337,37 +348,11 @@ func (s *engine) prepare(ctx context.Context, bcfg bundle.Config) (runtime.Sandb
 	return s.rt.Prepare(ctx, b)
 }
 
-// Run runs one call in a fresh sandbox: one the pool prepared ahead when
-// there is one, else one prepared now. Either is used for this call only
-// and torn down after it, off the call's time.
+// Run runs one call in a fresh sandbox, through the pool: one prepared
+// ahead when there is one, else one prepared now. Either is used for
+// this call only and torn down after it, off the call's time.
 func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
-	if err := req.Validate(); err != nil {
-		return runtime.Result{}, err
-	}
-	if s.pool == nil {
-		return s.runWith(ctx, s.bundleCfg, req)
-	}
-	for attempt := 0; ; attempt++ {
-		sb, warm, done, err := s.pool.Get(ctx)
-		if err != nil {
-			return runtime.Result{}, err
-		}
-		res, err := sb.Run(ctx, req)
-		res.Pooled = warm
-		done()
-		go func() {
-			if cerr := sb.Close(); cerr != nil {
-				s.log.Error("tearing down a sandbox", "err", cerr)
-			}
-		}()
-		// A prepared sandbox that died while it waited (killed from
-		// outside) never started the code: the call gets a fresh one.
-		if warm && attempt == 0 && errors.Is(err, runtime.ErrNotStarted) && ctx.Err() == nil {
-			s.log.Warn("a prepared sandbox was dead; preparing another", "err", err)
-			continue
-		}
-		return res, err
-	}
+	return s.pool.Run(ctx, req)
 }
 
 // Info describes the sandbox for the tool description.

@@ -101,6 +101,16 @@ func (s *processServer) probe(t *testing.T, code string, v any) {
 	}
 }
 
+// waitDirsGone waits for the calls' dirs to be removed: a call's teardown
+// runs after its result, off its time.
+func (s *processServer) waitDirsGone(t *testing.T) {
+	t.Helper()
+	testenv.EventuallyWithin(t, 10*time.Second, "the calls' dirs to be removed", func() bool {
+		entries, _ := filepath.Glob(filepath.Join(s.tmp, "mcp-exec-*", "*-*"))
+		return len(entries) == 0
+	})
+}
+
 // processModes are the two ways the server runs the process runtime.
 var processModes = []struct {
 	name string
@@ -267,9 +277,7 @@ print("main done", flush=True)`, marker)
 				t.Fatal("the call whose init was killed did not end")
 			}
 			waitGone(t, marker, 5*time.Second)
-			if entries, _ := filepath.Glob(filepath.Join(s.tmp, "mcp-exec-*", "*-*")); len(entries) != 0 {
-				t.Errorf("the calls' dirs are left: %v", entries)
-			}
+			s.waitDirsGone(t)
 		})
 	}
 }
@@ -400,9 +408,7 @@ print("wrote", written >> 20, "MiB")`, "timeout_s": 30})
 			if out.Stdout != "ok\n" || out.ExitCode != 0 {
 				t.Errorf("6 MiB under an 8 MiB /tmp: exit %d, %q %q", out.ExitCode, out.Stdout, out.Stderr)
 			}
-			if entries, _ := filepath.Glob(filepath.Join(s.tmp, "mcp-exec-*", "*-*")); len(entries) != 0 {
-				t.Errorf("the calls' dirs are left: %v", entries)
-			}
+			s.waitDirsGone(t)
 		})
 	}
 }
