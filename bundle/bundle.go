@@ -51,8 +51,6 @@ const (
 	// InitMarker is the argument that makes the server's executable the
 	// sandbox's init (see runtime's sandboxinit.c, which must match).
 	InitMarker = "__mcp_exec_init__"
-	// OutputsDir is where the code leaves files to return.
-	OutputsDir = "/tmp/outputs"
 )
 
 // Config is what every call of one server shares.
@@ -66,13 +64,9 @@ type Config struct {
 	// InitDir is the host directory holding the init, a static executable
 	// named InitName; it is bound read-only at InitDir.
 	InitDir string
-	// MaxOutputBytes caps each of stdout and stderr, MaxFiles and
-	// MaxFileBytes the files returned from OutputsDir, and MaxCodeBytes the
-	// code: the init enforces them inside the sandbox.
-	MaxOutputBytes int64
-	MaxFiles       int
-	MaxFileBytes   int64
-	MaxCodeBytes   int64
+	// CallCaps bound each output stream, the files returned from
+	// policy.OutputsDir and the code: the init enforces them inside the sandbox.
+	policy.CallCaps
 	// Env adds settings to policy.Env; each must be allowed by
 	// policy.EnvAllowed.
 	Env []string
@@ -109,9 +103,8 @@ func (c Config) Validate() error {
 	if err := c.Limits.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.MaxOutputBytes <= 0 || c.MaxCodeBytes <= 0 || c.MaxFiles < 0 || c.MaxFileBytes < 0 {
-		errs = append(errs, fmt.Errorf("output, code and file caps must be positive, got output %d, code %d, files %d, file bytes %d",
-			c.MaxOutputBytes, c.MaxCodeBytes, c.MaxFiles, c.MaxFileBytes))
+	if err := c.CallCaps.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	for _, kv := range c.Env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || !policy.EnvAllowed(k) {

@@ -15,7 +15,7 @@ import (
 
 func testConfig() Config {
 	return Config{Rootfs: "/var/cache/rootfs", Python: "/usr/bin/python3", Limits: policy.DefaultLimits(),
-		InitDir: "/run/mcp-exec/x/init", MaxOutputBytes: 1 << 20, MaxFiles: 20, MaxFileBytes: 10 << 20, MaxCodeBytes: 1 << 20}
+		InitDir: "/run/mcp-exec/x/init", CallCaps: policy.DefaultCallCaps()}
 }
 
 // applyStep runs one named step on a fresh spec.

@@ -51,7 +51,7 @@ type Init struct {
 	// UID and GID are the code's identity.
 	UID, GID uint32
 	// MaxOutputBytes caps each of stdout and stderr; MaxFiles and
-	// MaxFileBytes the files returned from OutputsDir.
+	// MaxFileBytes the files returned from policy.OutputsDir.
 	MaxOutputBytes int64
 	MaxFiles       int
 	MaxFileBytes   int64
@@ -82,7 +82,7 @@ func initFor(cfg Config) Init {
 	return Init{
 		UID: policy.UID, GID: policy.GID,
 		MaxOutputBytes: cfg.MaxOutputBytes, MaxFiles: cfg.MaxFiles, MaxFileBytes: cfg.MaxFileBytes,
-		WorkDir: "/tmp",
+		WorkDir: policy.WorkDir,
 		Script:  CodePath,
 		Argv:    []string{cfg.Python, CodePath},
 		Rlimits: []specs.POSIXRlimit{lim("RLIMIT_CORE", 0), lim("RLIMIT_NOFILE", cfg.Limits.OpenFiles)},
@@ -95,7 +95,7 @@ func initFor(cfg Config) Init {
 func withProcess(s *specs.Spec, cfg Config) {
 	s.Process.Args = InitArgs()
 	s.Process.Env = append(policy.Env(), cfg.Env...)
-	s.Process.Cwd = "/tmp"
+	s.Process.Cwd = policy.WorkDir
 	s.Process.User = specs.User{UID: 0, GID: 0, AdditionalGids: []uint32{}}
 	s.Process.NoNewPrivileges = true
 	s.Process.Terminal = false
@@ -134,7 +134,7 @@ func withMounts(s *specs.Spec, cfg Config) {
 			Options: []string{"nosuid", "noexec", "strictatime", "mode=755", "size=64k"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm",
 			Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", cfg.Limits.ShmBytes)}},
-		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+		{Destination: policy.WorkDir, Type: "tmpfs", Source: "tmpfs",
 			Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", cfg.Limits.TmpfsBytes)}},
 		// The init's: only it (the container's root) may write here, so
 		// the script the interpreter runs is the one the call sent.

@@ -24,12 +24,20 @@ import (
 	"github.com/opencontainers/runc/libcontainer/seccomp"
 )
 
-// Runtime names a runtime whose needs this package knows.
+// Runtime names a runtime: the one enum of them, here at the bottom of
+// the imports so that this package can key each runtime's needs by it and
+// package runtime (whose Kind it is) can be built on it.
 type Runtime string
 
 const (
 	Libcontainer Runtime = "libcontainer"
 	Runsc        Runtime = "runsc"
+	// Process runs each call as a fresh process, with no container: the
+	// server's own (outer) container is the boundary.
+	Process Runtime = "process"
+	// Auto is the strict sandbox where this host allows it (libcontainer,
+	// else runsc), else Process.
+	Auto Runtime = "auto"
 )
 
 // Missing is one thing a runtime needs and this host lacks.
@@ -248,7 +256,7 @@ func (h Host) ForLibcontainer() []Missing {
 				"concurrent calls share no per-user kernel limit and the sandbox's init is out of the code's reach; " +
 				"here " + h.UserNamespacesWhy,
 			Fix: "allow them (sysctl user.max_user_namespaces=15000, kernel.unprivileged_userns_clone=1, " +
-				"kernel.apparmor_restrict_unprivileged_userns=0), or use MCP_EXEC_RUNTIME=runsc"})
+				"kernel.apparmor_restrict_unprivileged_userns=0), or use {Runtime}=runsc"})
 	}
 	missing = append(missing, h.missingControllers()...)
 	missing = append(missing, h.missingSocketMemory()...)

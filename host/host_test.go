@@ -57,7 +57,7 @@ func TestMissingPrivileges(t *testing.T) {
 		},
 			Runsc, nil},
 		{"ro cgroup", func(h *Host) { h.CgroupWritable = []string{"pids", "cpu"} }, Runsc,
-			[]string{`writable cgroup "memory"`, "MCP_EXEC_MEMORY_MB", "read-write"}},
+			[]string{`writable cgroup "memory"`, "{MemoryBytes}", "read-write"}},
 	} {
 		h := root
 		tc.edit(&h)
@@ -135,7 +135,7 @@ func TestProbeRunsc(t *testing.T) {
 		t.Errorf("ProbeRunsc with platform no-such-platform: missing %v, want it named", bad.Missing)
 	}
 	none := ProbeRunsc(context.Background(), h, "/nonexistent/runsc", "")
-	if none.Available() || !strings.Contains(Join(none.Missing), "MCP_EXEC_RUNSC=/nonexistent/runsc") {
-		t.Errorf("ProbeRunsc with a missing binary: missing %v, want MCP_EXEC_RUNSC named", none.Missing)
+	if none.Available() || !strings.Contains(Join(none.Missing), "{RunscPath}=/nonexistent/runsc") {
+		t.Errorf("ProbeRunsc with a missing binary: missing %v, want {RunscPath} named", none.Missing)
 	}
 }

@@ -106,7 +106,7 @@ func FixInContainer(kind Runtime) ContainerFix {
 			" --cgroupns=host -v /sys/fs/cgroup:/sys/fs/cgroup:rw",
 		Kubernetes: "securityContext: {runAsUser: 0, runAsNonRoot: false, capabilities: {add: " + kcaps + "}, " +
 			"seccompProfile: {type: Unconfined}, appArmorProfile: {type: Unconfined}" + kextra + "} and a read-write hostPath volume " +
-			"of /sys/fs/cgroup mounted at /sys/fs/cgroup; or run the pod under a gVisor RuntimeClass with MCP_EXEC_RUNTIME=auto",
+			"of /sys/fs/cgroup mounted at /sys/fs/cgroup; or run the pod under a gVisor RuntimeClass with {Runtime}=auto",
 	}
 }
 
@@ -201,11 +201,11 @@ func (h Host) Advice() []string {
 func limitName(controller string) string {
 	switch controller {
 	case "memory":
-		return "memory (MCP_EXEC_MEMORY_MB)"
+		return "memory ({MemoryBytes})"
 	case "pids":
-		return "process (MCP_EXEC_PIDS)"
+		return "process ({Pids})"
 	case "cpu":
-		return "CPU (MCP_EXEC_CPUS)"
+		return "CPU ({CPUs})"
 	}
 	return controller
 }

@@ -77,7 +77,7 @@ func ProbeRunsc(ctx context.Context, h Host, path, platform string) RunscInfo {
 	bin, err := findRunsc(path)
 	if err != nil {
 		info.Missing = append(info.Missing, Missing{What: "runsc", Why: err.Error(),
-			Fix: "install it (apt-get install runsc) or set MCP_EXEC_RUNSC to its path"})
+			Fix: "install it (apt-get install runsc) or set {RunscPath} to its path"})
 		info.Missing = append(info.Missing, h.forRunsc()...)
 		return info
 	}
@@ -94,7 +94,7 @@ func ProbeRunsc(ctx context.Context, h Host, path, platform string) RunscInfo {
 	r := <-version
 	if r.err != nil {
 		info.Missing = append(info.Missing, Missing{What: "runsc", Why: fmt.Sprintf("%s does not run (%v)", bin, r.err),
-			Fix: "reinstall it (apt-get install runsc) or set MCP_EXEC_RUNSC"})
+			Fix: "reinstall it (apt-get install runsc) or set {RunscPath}"})
 		return info
 	}
 	first, _, _ := strings.Cut(strings.TrimSpace(string(r.stdout)), "\n")
@@ -123,16 +123,16 @@ func ProbeRunsc(ctx context.Context, h Host, path, platform string) RunscInfo {
 	}
 	info.Platform, info.PlatformReason, err = choosePlatform(platform, info.Platforms)
 	if err != nil {
-		info.Missing = append(info.Missing, Missing{What: "runsc platform", Why: err.Error(), Fix: "set MCP_EXEC_RUNSC_PLATFORM to one it offers"})
+		info.Missing = append(info.Missing, Missing{What: "runsc platform", Why: err.Error(), Fix: "set {RunscPlatform} to one it offers"})
 	}
 	if info.Platform == "ptrace" && h.PtraceScope >= 3 {
 		info.Missing = append(info.Missing, Missing{What: "ptrace", Why: "kernel.yama.ptrace_scope is 3, which forbids the ptrace platform",
-			Fix: "set it to 1 (sysctl kernel.yama.ptrace_scope=1) or choose another platform (MCP_EXEC_RUNSC_PLATFORM)"})
+			Fix: "set it to 1 (sysctl kernel.yama.ptrace_scope=1) or choose another platform ({RunscPlatform})"})
 	}
 	if info.Platform == "kvm" {
 		if _, err := os.Stat("/dev/kvm"); err != nil {
-			info.Missing = append(info.Missing, Missing{What: "kvm", Why: "MCP_EXEC_RUNSC_PLATFORM=kvm but /dev/kvm is not there",
-				Fix: "unset MCP_EXEC_RUNSC_PLATFORM to use ptrace"})
+			info.Missing = append(info.Missing, Missing{What: "kvm", Why: "{RunscPlatform}=kvm but /dev/kvm is not there",
+				Fix: "unset {RunscPlatform} to use ptrace"})
 		}
 	}
 	if r := <-syscalls; r.err == nil {
@@ -164,9 +164,9 @@ func (h Host) forRunsc() []Missing {
 func choosePlatform(want string, have []string) (platform, reason string, err error) {
 	if want != "" {
 		if len(have) > 0 && !slices.Contains(have, want) {
-			return "", "", fmt.Errorf("runsc platform %q: this runsc offers only %s (MCP_EXEC_RUNSC_PLATFORM)", want, strings.Join(have, ", "))
+			return "", "", fmt.Errorf("runsc platform %q: this runsc offers only %s ({RunscPlatform})", want, strings.Join(have, ", "))
 		}
-		return want, "set by MCP_EXEC_RUNSC_PLATFORM", nil
+		return want, "set by {RunscPlatform}", nil
 	}
 	switch {
 	case slices.Contains(have, "systrap"):
@@ -177,7 +177,7 @@ func choosePlatform(want string, have []string) (platform, reason string, err er
 		return "ptrace", "runsc did not list its platforms; ptrace is its default", nil
 	}
 	return "", "", fmt.Errorf("this runsc offers only %s, and kvm is used only when asked for "+
-		"(MCP_EXEC_RUNSC_PLATFORM=kvm)", strings.Join(have, ", "))
+		"({RunscPlatform}=kvm)", strings.Join(have, ", "))
 }
 
 // findRunsc resolves the configured runsc, or runsc on PATH, to an absolute
@@ -192,7 +192,7 @@ func findRunsc(path string) (string, error) {
 		if path == "" {
 			return "", errors.New("not found on PATH")
 		}
-		return "", fmt.Errorf("MCP_EXEC_RUNSC=%s is not an executable: %v", path, err)
+		return "", fmt.Errorf("{RunscPath}=%s is not an executable: %v", path, err)
 	}
 	abs, err := filepath.Abs(p)
 	if err != nil {

@@ -49,20 +49,22 @@ func DefaultLimits() Limits {
 	}
 }
 
-// Validate reports every limit that is out of range, naming the field.
+// Validate reports every limit that is out of range, naming the field as
+// {Field}, for the edge to name as the operator sets it
+// (docs/architecture.md).
 func (l Limits) Validate() error {
 	var errs []error
 	if l.MemoryBytes < MinMemoryBytes {
-		errs = append(errs, fmt.Errorf("memory limit must be at least %d MiB, got %d bytes", MinMemoryBytes/mib, l.MemoryBytes))
+		errs = append(errs, fmt.Errorf("{MemoryBytes}: the memory limit must be at least %d MiB, got %d bytes", MinMemoryBytes/mib, l.MemoryBytes))
 	}
 	if l.Pids < MinPids {
-		errs = append(errs, fmt.Errorf("pids limit must be at least %d (the sandbox's init and the code), got %d", MinPids, l.Pids))
+		errs = append(errs, fmt.Errorf("{Pids}: the pids limit must be at least %d (the sandbox's init and the code), got %d", MinPids, l.Pids))
 	}
 	if !(l.CPUs > 0 && l.CPUs <= MaxCPUs) { // also rejects NaN
-		errs = append(errs, fmt.Errorf("cpus must be > 0 and ≤ %d, got %v", MaxCPUs, l.CPUs))
+		errs = append(errs, fmt.Errorf("{CPUs}: cpus must be > 0 and ≤ %d, got %v", MaxCPUs, l.CPUs))
 	}
 	if l.TmpfsBytes < MinTmpfsBytes {
-		errs = append(errs, fmt.Errorf("tmpfs size must be at least %d MiB, got %d bytes", MinTmpfsBytes/mib, l.TmpfsBytes))
+		errs = append(errs, fmt.Errorf("{TmpfsBytes}: the tmpfs size must be at least %d MiB, got %d bytes", MinTmpfsBytes/mib, l.TmpfsBytes))
 	}
 	if l.ShmBytes < 0 {
 		errs = append(errs, fmt.Errorf("shm size must be ≥ 0, got %d", l.ShmBytes))
@@ -98,4 +100,43 @@ func (l Limits) CPUQuotaUs() int64 {
 // On cgroup v2 socket buffers count against the memory limit itself.
 func (l Limits) SocketBytes() int64 {
 	return l.MemoryBytes / 4
+}
+
+// CallCaps bound what crosses a call's edge: the code and stdin going in,
+// each output stream and the files coming out (the files going in are
+// bounded by the same count and bytes). The server checks what a caller
+// sends against them, and the sandbox's init enforces what comes back.
+type CallCaps struct {
+	// MaxOutputBytes caps each of stdout and stderr.
+	MaxOutputBytes int64
+	// MaxCodeBytes and MaxStdinBytes bound the code and its stdin.
+	MaxCodeBytes  int64
+	MaxStdinBytes int64
+	// MaxFiles and MaxFileBytes bound the files a call sends, and those it
+	// gets back from its outputs dir.
+	MaxFiles     int
+	MaxFileBytes int64
+}
+
+// DefaultCallCaps returns the contract's defaults.
+func DefaultCallCaps() CallCaps {
+	return CallCaps{MaxOutputBytes: 1 << 20, MaxCodeBytes: 1 << 20, MaxStdinBytes: 1 << 20, MaxFiles: 20, MaxFileBytes: 10 << 20}
+}
+
+// Validate reports every cap that is out of range, naming the field as
+// {Field}.
+func (c CallCaps) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name     string
+		v, least int64
+	}{
+		{"MaxOutputBytes", c.MaxOutputBytes, 1}, {"MaxCodeBytes", c.MaxCodeBytes, 1}, {"MaxStdinBytes", c.MaxStdinBytes, 0},
+		{"MaxFiles", int64(c.MaxFiles), 0}, {"MaxFileBytes", c.MaxFileBytes, 0},
+	} {
+		if f.v < f.least {
+			errs = append(errs, fmt.Errorf("{%s} must be ≥ %d, got %d", f.name, f.least, f.v))
+		}
+	}
+	return errors.Join(errs...)
 }

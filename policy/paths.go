@@ -2,6 +2,17 @@ package policy
 
 import "strings"
 
+// WorkDir is the code's working directory and, in a container, its one
+// writable place; the regular files it leaves under OutputsDir come back
+// with the result. The bundle mounts them, the init makes and reads back
+// the outputs dir, the server describes both, and the plotting backend
+// saves there.
+const (
+	WorkDir     = "/tmp"
+	OutputsName = "outputs"
+	OutputsDir  = WorkDir + "/" + OutputsName
+)
+
 // MaskedPaths returns the paths under /proc that are hidden from the code
 // (a file is covered by /dev/null, a directory by an empty read-only tmpfs).
 // They either leak host state (kcore, timer_list, sched_debug, acpi), or

@@ -813,7 +813,7 @@ func (b *builder) preload(py Interpreter, modules []string) error {
 		}
 	}
 	if site == "" {
-		return fmt.Errorf("MCP_EXEC_PRELOAD: the interpreter %s has no site dir to import from", py.Path)
+		return fmt.Errorf("{Preload}: the interpreter %s has no site dir to import from", py.Path)
 	}
 	if !b.made[site] {
 		if err := b.emptyDir(site); err != nil {
@@ -822,11 +822,11 @@ func (b *builder) preload(py Interpreter, modules []string) error {
 	}
 	real, err := resolveIn(b.root, site)
 	if err != nil {
-		return fmt.Errorf("MCP_EXEC_PRELOAD: %w", err)
+		return fmt.Errorf("{Preload}: %w", err)
 	}
 	p := filepath.Join(real, preloadFile)
 	if err := os.WriteFile(p, []byte("import "+strings.Join(modules, ", ")+"\n"), 0o644); err != nil {
-		return fmt.Errorf("MCP_EXEC_PRELOAD: %w", err)
+		return fmt.Errorf("{Preload}: %w", err)
 	}
 	return os.Chmod(p, 0o644)
 }

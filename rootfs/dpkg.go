@@ -233,7 +233,7 @@ func (e *MissingPackagesError) Error() string {
 	if len(what) > 1 {
 		verb, it = "are", "them"
 	}
-	return fmt.Sprintf("MCP_EXEC_PACKAGES: %s %s not installed on this host; install %s with: apt-get install -y %s",
+	return fmt.Sprintf("{Packages}: %s %s not installed on this host; install %s with: apt-get install -y %s",
 		joinAnd(what), verb, it, strings.Join(debs, " "))
 }
 

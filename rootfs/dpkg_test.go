@@ -183,15 +183,15 @@ func TestMissingPackagesError(t *testing.T) {
 	}{
 		{
 			[]string{"numpy", "scipy"},
-			"MCP_EXEC_PACKAGES: scipy is not installed on this host; install it with: apt-get install -y python3-scipy",
+			"{Packages}: scipy is not installed on this host; install it with: apt-get install -y python3-scipy",
 		},
 		{
 			[]string{"Pillow", "scikit-learn", "pandas", "python3-removed"},
-			"MCP_EXEC_PACKAGES: python3-removed and scikit-learn are not installed on this host; install them with: apt-get install -y python3-removed python3-sklearn",
+			"{Packages}: python3-removed and scikit-learn are not installed on this host; install them with: apt-get install -y python3-removed python3-sklearn",
 		},
 		{
 			[]string{"broken", "sympy", "nope"},
-			"MCP_EXEC_PACKAGES: nope and python3-gone (needed by python3-broken) are not installed on this host; install them with: apt-get install -y python3-nope python3-gone",
+			"{Packages}: nope and python3-gone (needed by python3-broken) are not installed on this host; install them with: apt-get install -y python3-nope python3-gone",
 		},
 	}
 	for _, tt := range tests {

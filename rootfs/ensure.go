@@ -55,7 +55,7 @@ func Ensure(ctx context.Context, py Interpreter, opts Options, cacheDir string, 
 
 func ensure(ctx context.Context, py Interpreter, opts Options, cacheDir string, validate func(context.Context, string) error, build buildFunc) (_ string, retErr error) {
 	if cacheDir == "" {
-		return "", errors.New("ensuring rootfs: no cache dir (set MCP_EXEC_ROOTFS or HOME)")
+		return "", errors.New("ensuring rootfs: no cache dir (set {Rootfs} or HOME)")
 	}
 	norm, err := opts.Normalize()
 	if err != nil {

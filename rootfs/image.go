@@ -49,9 +49,9 @@ import (
 	"github.com/inhuman/mcp-exec/rootfs/image"
 )
 
-// ImageEnv is the variable that names the image; errors name it so that the
-// operator knows which setting to fix.
-const ImageEnv = "MCP_EXEC_ROOTFS_IMAGE"
+// imageField is how errors name the setting of the image, {Field} for
+// the edge to name as the operator sets it (docs/architecture.md).
+const imageField = "{RootfsImage}"
 
 // imageFormat is part of every cached image's key (overlayKey). Bump it
 // whenever FlattenImage puts something different into the dir (another mode
@@ -140,19 +140,19 @@ type Image struct {
 // index, manifest and config), never a layer. Several server processes may
 // call it at once: the build runs under an flock on cacheDir/.lock (the lock
 // Ensure takes, so both may share a cache dir), in a temp dir renamed into
-// place. Every error names ImageEnv.
+// place. Every error names imageField.
 func FlattenImage(ctx context.Context, src, cacheDir string, opts ImageOptions) (Image, error) {
 	if src == "" {
-		return Image{}, fmt.Errorf("flattening %s: it is empty", ImageEnv)
+		return Image{}, fmt.Errorf("flattening %s: it is empty", imageField)
 	}
 	if cacheDir == "" {
-		return Image{}, fmt.Errorf("flattening %s=%s: no cache dir", ImageEnv, src)
+		return Image{}, fmt.Errorf("flattening %s=%s: no cache dir", imageField, src)
 	}
 	if opts.MaxBytes == 0 {
 		opts.MaxBytes = DefaultImageMaxBytes
 	}
 	if opts.MaxBytes < 0 {
-		return Image{}, fmt.Errorf("flattening %s=%s: MaxBytes is %d, want > 0", ImageEnv, src, opts.MaxBytes)
+		return Image{}, fmt.Errorf("flattening %s=%s: MaxBytes is %d, want > 0", imageField, src, opts.MaxBytes)
 	}
 	img, digest, err := image.Open(src)
 	if err != nil {
@@ -185,7 +185,7 @@ func wrapImageErr(src string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("flattening %s=%s: %w", ImageEnv, src, err)
+	return fmt.Errorf("flattening %s=%s: %w", imageField, src, err)
 }
 
 // cachedImage is one image's entry in the cache.

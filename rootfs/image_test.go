@@ -804,7 +804,7 @@ func TestFlattenImageErrors(t *testing.T) {
 			if err == nil {
 				t.Fatalf("FlattenImage(%s): no error, want one saying %q", tt.src, tt.want)
 			}
-			for _, w := range append([]string{ImageEnv + "=" + tt.src + ": "}, tt.want...) {
+			for _, w := range append([]string{imageField + "=" + tt.src + ": "}, tt.want...) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("FlattenImage(%s) = %v, want it to say %q", tt.src, err, w)
 				}

@@ -143,7 +143,7 @@ func openImage(ctx context.Context, src Source, prove Prove) (Root, error) {
 func openBuilt(ctx context.Context, src Source, prove Prove) (Root, string, error) {
 	py, err := FindPython(ctx, src.Python)
 	if err != nil {
-		return Root{}, "", fmt.Errorf("finding python (MCP_EXEC_PYTHON): %w", err)
+		return Root{}, "", fmt.Errorf("finding python ({Python}): %w", err)
 	}
 	// What the packages bring, or the exact apt-get line when one is
 	// missing, before anything is built.
@@ -169,19 +169,19 @@ func openBuilt(ctx context.Context, src Source, prove Prove) (Root, string, erro
 func openDir(ctx context.Context, src Source) (Root, error) {
 	dir, err := filepath.Abs(src.Dir)
 	if err != nil {
-		return Root{}, fmt.Errorf("MCP_EXEC_ROOTFS: %w", err)
+		return Root{}, fmt.Errorf("{Rootfs}: %w", err)
 	}
 	if err := Check(dir); err != nil {
-		return Root{}, fmt.Errorf("MCP_EXEC_ROOTFS=%s is not a usable rootfs: %w", dir, err)
+		return Root{}, fmt.Errorf("{Rootfs}=%s is not a usable rootfs: %w", dir, err)
 	}
 	if err := searchableByOthers(dir); err != nil {
-		return Root{}, fmt.Errorf("MCP_EXEC_ROOTFS=%s: %w", dir, err)
+		return Root{}, fmt.Errorf("{Rootfs}=%s: %w", dir, err)
 	}
 	root := Root{Dir: dir, Python: PythonPath}
 	if o := src.Options; len(o.Packages) > 0 || o.Shell {
 		py, err := FindPython(ctx, src.Python)
 		if err != nil {
-			return Root{}, fmt.Errorf("finding python (MCP_EXEC_PYTHON) to describe MCP_EXEC_PACKAGES: %w", err)
+			return Root{}, fmt.Errorf("finding python ({Python}) to describe {Packages}: %w", err)
 		}
 		if root.Contents, err = Describe(py, o); err != nil {
 			return Root{}, err
@@ -217,7 +217,7 @@ func packagesMountIn(rootfsDir, known string) (string, error) {
 	}
 	matches, _ := filepath.Glob(filepath.Join(rootfsDir, "usr/local/lib/python3*/dist-packages"))
 	if len(matches) != 1 {
-		return "", fmt.Errorf("MCP_EXEC_PACKAGES_DIR: the rootfs %s has %d /usr/local/lib/python3.X/dist-packages dirs to mount it on, want exactly 1 (mcp-exec rootfs build makes one)", rootfsDir, len(matches))
+		return "", fmt.Errorf("{PackagesDir}: the rootfs %s has %d /usr/local/lib/python3.X/dist-packages dirs to mount it on, want exactly 1 (mcp-exec rootfs build makes one)", rootfsDir, len(matches))
 	}
 	rel, _ := filepath.Rel(rootfsDir, matches[0])
 	return "/" + rel, nil

@@ -110,9 +110,9 @@ func TestOpenRefuses(t *testing.T) {
 		want     string
 		trials   int
 	}{
-		{"no rootfs", Source{Dir: "/nonexistent"}, nil, "MCP_EXEC_ROOTFS=/nonexistent is not a usable rootfs", 0},
-		{"unreachable", Source{Dir: hidden}, nil, "MCP_EXEC_ROOTFS=" + hidden + ": ", 0},
-		{"no image", Source{Image: "/nonexistent.tar"}, nil, ImageEnv + "=/nonexistent.tar: ", 0},
+		{"no rootfs", Source{Dir: "/nonexistent"}, nil, "{Rootfs}=/nonexistent is not a usable rootfs", 0},
+		{"unreachable", Source{Dir: hidden}, nil, "{Rootfs}=" + hidden + ": ", 0},
+		{"no image", Source{Image: "/nonexistent.tar"}, nil, imageField + "=/nonexistent.tar: ", 0},
 		{"unproven", Source{Dir: reachableRootfs(t)}, failing, "the rootfs ", 1},
 	}
 	for _, tt := range tests {

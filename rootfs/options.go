@@ -69,7 +69,7 @@ func DebianPackage(name string) (string, error) {
 	n := strings.ToLower(strings.TrimSpace(name))
 	if !strings.HasPrefix(n, "python3-") {
 		if !pypiName.MatchString(n) {
-			return "", fmt.Errorf("MCP_EXEC_PACKAGES: %q is not a package name", name)
+			return "", fmt.Errorf("{Packages}: %q is not a package name", name)
 		}
 		n = pep503Separators.ReplaceAllString(n, "-")
 		if deb, ok := debianNames[n]; ok {
@@ -79,7 +79,7 @@ func DebianPackage(name string) (string, error) {
 		}
 	}
 	if n == "python3-" || !debianPackageName.MatchString(n) {
-		return "", fmt.Errorf("MCP_EXEC_PACKAGES: %q is not a package name", name)
+		return "", fmt.Errorf("{Packages}: %q is not a package name", name)
 	}
 	return n, nil
 }
@@ -118,7 +118,7 @@ func (o Options) Validate() error {
 	}
 	for _, m := range o.Preload {
 		if !moduleName.MatchString(m) {
-			return fmt.Errorf("MCP_EXEC_PRELOAD: %q is not a module name", m)
+			return fmt.Errorf("{Preload}: %q is not a module name", m)
 		}
 	}
 	return nil
@@ -138,7 +138,7 @@ func (o Options) Normalize() (Options, error) {
 	}
 	for _, m := range o.Preload {
 		if !moduleName.MatchString(m) {
-			return Options{}, fmt.Errorf("MCP_EXEC_PRELOAD: %q is not a module name", m)
+			return Options{}, fmt.Errorf("{Preload}: %q is not a module name", m)
 		}
 		if !slices.Contains(n.Preload, m) {
 			n.Preload = append(n.Preload, m)

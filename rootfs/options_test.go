@@ -41,8 +41,8 @@ func TestDebianPackage(t *testing.T) {
 	}
 	for _, bad := range []string{"", " ", "python3-", "num py", "../../etc/passwd", "numpy/x", "numpy\x00", "python3-a/b", "-numpy", "nümpy"} {
 		got, err := DebianPackage(bad)
-		if err == nil || !strings.HasPrefix(err.Error(), "MCP_EXEC_PACKAGES: ") {
-			t.Errorf("DebianPackage(%q) = %q, %v; want an error naming MCP_EXEC_PACKAGES", bad, got, err)
+		if err == nil || !strings.HasPrefix(err.Error(), "{Packages}: ") {
+			t.Errorf("DebianPackage(%q) = %q, %v; want an error naming {Packages}", bad, got, err)
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/inhuman/mcp-exec/policy"
 )
 
 // MatplotlibBackend is the MPLBACKEND value that makes matplotlib use the
@@ -20,16 +22,13 @@ const MatplotlibBackend = "module://" + matplotlibBackendModule
 
 const matplotlibBackendModule = "mcp_exec_backend"
 
-// OutputsDir is where the matplotlib backend saves figures.
-const OutputsDir = "/tmp/outputs"
-
 // matplotlibBackendSource is the backend module. matplotlib takes
 // FigureCanvas and show from it and derives the rest. It is written by the
 // builder, never taken from the host, and compiled at each import: the root
 // is read-only, and the module is a few lines.
 const matplotlibBackendSource = `"""matplotlib backend of mcp-exec's sandbox: Agg, and show() saves.
 
-plt.show() writes every open figure as PNG to ` + OutputsDir + `, as
+plt.show() writes every open figure as PNG to ` + policy.OutputsDir + `, as
 figure-1.png, figure-2.png, ..., never over an existing file, and closes
 the figures: the caller gets them back as files. fig.show() writes that
 figure, and plt.show() does not write it again.
@@ -40,9 +39,9 @@ from matplotlib._pylab_helpers import Gcf
 from matplotlib.backend_bases import FigureManagerBase
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-# /tmp/outputs in the sandbox; the call's own dir under the process
+# ` + policy.OutputsDir + ` in the sandbox; the call's own dir under the process
 # runtime, whose temp dir is the call's working dir.
-OUTPUTS = os.path.join(os.environ.get("TMPDIR") or "/tmp", "outputs")
+OUTPUTS = os.path.join(os.environ.get("TMPDIR") or "` + policy.WorkDir + `", "` + policy.OutputsName + `")
 _next = 1
 
 
@@ -198,7 +197,7 @@ func (p *hostPlan) checkTrees(py Interpreter, src *sources) error {
 			}
 		}
 		if !inside && outside != "" {
-			return fmt.Errorf("MCP_EXEC_PACKAGES: %s installs its modules in %s, where python %s (%s) does not import from; use the distribution's python3, /usr/bin/python3",
+			return fmt.Errorf("{Packages}: %s installs its modules in %s, where python %s (%s) does not import from; use the distribution's python3, /usr/bin/python3",
 				pkg.name, outside, py.Version, py.Path)
 		}
 	}
@@ -211,7 +210,7 @@ func findBusybox(db *dpkgDB, src *sources) (string, error) {
 	p := db.lookup(pkg)
 	if p == nil {
 		src.stat(filepath.Join(db.dir, "info", pkg+".list"))
-		return "", fmt.Errorf("MCP_EXEC_SHELL: %s is not installed on this host; install it with: apt-get install -y %s", pkg, pkg)
+		return "", fmt.Errorf("{Shell}: %s is not installed on this host; install it with: apt-get install -y %s", pkg, pkg)
 	}
 	files, err := db.files(p, src)
 	if err != nil {
@@ -225,7 +224,7 @@ func findBusybox(db *dpkgDB, src *sources) (string, error) {
 			return f, nil
 		}
 	}
-	return "", fmt.Errorf("MCP_EXEC_SHELL: %s lists no busybox executable that exists; reinstall it with: apt-get install --reinstall -y %s", pkg, pkg)
+	return "", fmt.Errorf("{Shell}: %s lists no busybox executable that exists; reinstall it with: apt-get install --reinstall -y %s", pkg, pkg)
 }
 
 // cacheTag is the interpreter's sys.implementation.cache_tag, which names

@@ -166,7 +166,7 @@ func TestEnsurePackagesRebuildsWhenHostChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = ensure(ctx, py, opts, cache, nil, build)
-	want := "MCP_EXEC_PACKAGES: python3-fakedep (needed by python3-fake) is not installed on this host; install it with: apt-get install -y python3-fakedep"
+	want := "{Packages}: python3-fakedep (needed by python3-fake) is not installed on this host; install it with: apt-get install -y python3-fakedep"
 	var missing *MissingPackagesError
 	if !errors.As(err, &missing) || !strings.Contains(err.Error(), want) {
 		t.Errorf("Ensure after a dependency was removed = %v, want a *MissingPackagesError saying %q", err, want)
@@ -189,7 +189,7 @@ func TestDescribeFake(t *testing.T) {
 		t.Errorf("Describe(fake, fakedep) = %s, want %s", g, want)
 	}
 	_, err = describeFrom(dpkg, py, Options{Shell: true})
-	if want := "MCP_EXEC_SHELL: busybox-static is not installed on this host; install it with: apt-get install -y busybox-static"; err == nil || err.Error() != want {
+	if want := "{Shell}: busybox-static is not installed on this host; install it with: apt-get install -y busybox-static"; err == nil || err.Error() != want {
 		t.Errorf("Describe(shell) without busybox-static = %v, want %q", err, want)
 	}
 }
@@ -646,7 +646,7 @@ func TestBuildMissingPackage(t *testing.T) {
 	parent := t.TempDir()
 	out := filepath.Join(parent, "rootfs")
 	err := Build(context.Background(), py, Options{Packages: []string{"json", "mcp-exec-surely-not-a-package"}}, out, nil)
-	want := "MCP_EXEC_PACKAGES: json and mcp-exec-surely-not-a-package are not installed on this host; install them with: apt-get install -y python3-json python3-mcp-exec-surely-not-a-package"
+	want := "{Packages}: json and mcp-exec-surely-not-a-package are not installed on this host; install them with: apt-get install -y python3-json python3-mcp-exec-surely-not-a-package"
 	var missing *MissingPackagesError
 	if !errors.As(err, &missing) || !strings.HasSuffix(err.Error(), want) {
 		t.Errorf("Build with packages the host lacks = %v,\nwant a *MissingPackagesError ending %q", err, want)

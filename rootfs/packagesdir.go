@@ -35,10 +35,10 @@ func CheckPackagesDir(dir, rootfsDir string) error {
 		dir, err = filepath.Abs(dir)
 	}
 	if err != nil {
-		return fmt.Errorf("MCP_EXEC_PACKAGES_DIR: %w", err)
+		return fmt.Errorf("{PackagesDir}: %w", err)
 	}
 	if err := readableByOthers(dir); err != nil {
-		return fmt.Errorf("MCP_EXEC_PACKAGES_DIR: %w", err)
+		return fmt.Errorf("{PackagesDir}: %w", err)
 	}
 	want := elfKind{}
 	if exe, err := resolveIn(rootfsDir, PythonPath); err == nil {
@@ -57,7 +57,7 @@ func CheckPackagesDir(dir, rootfsDir string) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("MCP_EXEC_PACKAGES_DIR: checking %s: %w", dir, err)
+		return fmt.Errorf("{PackagesDir}: checking %s: %w", dir, err)
 	}
 	if len(c.problems) == 0 {
 		return nil
@@ -66,7 +66,7 @@ func CheckPackagesDir(dir, rootfsDir string) error {
 	if n := len(c.problems) - maxPackagesDirProblems; n > 0 {
 		msg += fmt.Sprintf("; and %d more", n)
 	}
-	return fmt.Errorf("MCP_EXEC_PACKAGES_DIR: %s: shared objects cannot be loaded in the sandbox: %s", dir, msg)
+	return fmt.Errorf("{PackagesDir}: %s: shared objects cannot be loaded in the sandbox: %s", dir, msg)
 }
 
 // readableByOthers checks that the sandbox's user — an unprivileged uid

@@ -64,7 +64,7 @@ func publicTempDir(t *testing.T) string {
 }
 
 // A packages dir the sandbox's user cannot read (a 0700 dir, a 0600 file)
-// is refused, naming MCP_EXEC_PACKAGES_DIR and the fix: it would otherwise
+// is refused, naming {PackagesDir} and the fix: it would otherwise
 // be silently missing from every sandbox.
 func TestCheckPackagesDirUnreadable(t *testing.T) {
 	dir := publicTempDir(t)
@@ -88,9 +88,9 @@ func TestCheckPackagesDirUnreadable(t *testing.T) {
 			}
 			os.Chmod(p, map[bool]os.FileMode{true: 0o700, false: 0o755}[tc.name == "private dir"])
 			err := CheckPackagesDir(p, t.TempDir())
-			if err == nil || !strings.Contains(err.Error(), "MCP_EXEC_PACKAGES_DIR") || !strings.Contains(err.Error(), tc.want) ||
+			if err == nil || !strings.Contains(err.Error(), "{PackagesDir}") || !strings.Contains(err.Error(), tc.want) ||
 				!strings.Contains(err.Error(), "chmod -R o+rX") {
-				t.Errorf("CheckPackagesDir(%s) = %v, want a refusal naming MCP_EXEC_PACKAGES_DIR, %q and the fix", tc.name, err, tc.want)
+				t.Errorf("CheckPackagesDir(%s) = %v, want a refusal naming {PackagesDir}, %q and the fix", tc.name, err, tc.want)
 			}
 		})
 	}
@@ -125,7 +125,7 @@ func TestCheckPackagesDir(t *testing.T) {
 		t.Fatalf("CheckPackagesDir(a dir with a module missing its library) = nil, want an error")
 	}
 	t.Logf("CheckPackagesDir: %v", err)
-	for _, want := range []string{"MCP_EXEC_PACKAGES_DIR: ", "sub/bad/_ext.so needs libdep.so", "other.so is a "} {
+	for _, want := range []string{"{PackagesDir}: ", "sub/bad/_ext.so needs libdep.so", "other.so is a "} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("CheckPackagesDir(...) = %q, want it to say %q", err, want)
 		}
@@ -138,7 +138,7 @@ func TestCheckPackagesDir(t *testing.T) {
 	if err := CheckPackagesDir(dir, t.TempDir()); err == nil || !strings.Contains(err.Error(), "good.libs/libdep.so needs libc.so.6") {
 		t.Errorf("CheckPackagesDir(against an empty rootfs) = %v, want libc.so.6 missing", err)
 	}
-	if err := CheckPackagesDir(filepath.Join(dir, "nope"), root); err == nil || !strings.Contains(err.Error(), "MCP_EXEC_PACKAGES_DIR") {
-		t.Errorf("CheckPackagesDir(a missing dir) = %v, want an error naming MCP_EXEC_PACKAGES_DIR", err)
+	if err := CheckPackagesDir(filepath.Join(dir, "nope"), root); err == nil || !strings.Contains(err.Error(), "{PackagesDir}") {
+		t.Errorf("CheckPackagesDir(a missing dir) = %v, want an error naming {PackagesDir}", err)
 	}
 }

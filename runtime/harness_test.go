@@ -328,7 +328,7 @@ func newProcessHarness(t *testing.T, limits policy.Limits) *harness {
 // testBundleConfig is the contract's defaults for a harness's bundles.
 func testBundleConfig(rootfsDir string, rt runtime.Runtime, limits policy.Limits) bundle.Config {
 	return bundle.Config{Rootfs: rootfsDir, Python: rootfs.PythonPath, Limits: limits, InitDir: rt.InitDir(),
-		MaxOutputBytes: 1 << 20, MaxFiles: 20, MaxFileBytes: 10 << 20, MaxCodeBytes: 1 << 20}
+		CallCaps: policy.DefaultCallCaps()}
 }
 
 type runOpts struct {

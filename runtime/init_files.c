@@ -51,7 +51,7 @@ int make_outputs(const struct config *c, void *arg) {
 	int work = open_workdir(c);
 	if (work < 0)
 		return errno;
-	int err = mkdirat(work, "outputs", 0755) < 0 && errno != EEXIST ? errno : 0;
+	int err = mkdirat(work, OUTPUTS_NAME, 0755) < 0 && errno != EEXIST ? errno : 0;
 	close(work);
 	return err;
 }
@@ -141,7 +141,7 @@ int outputs_empty(const struct config *c) {
 	int work = open_workdir(c);
 	if (work < 0)
 		return 0;
-	int fd = openat(work, "outputs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	int fd = openat(work, OUTPUTS_NAME, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	close(work);
 	DIR *d = fd < 0 ? NULL : fdopendir(fd);
 	if (d == NULL) {
@@ -314,7 +314,7 @@ int export_outputs(const struct config *c, void *arg) {
 	(void)arg;
 	struct exporter x = {.c = c};
 	int work = open_workdir(c);
-	int dir = work < 0 ? -1 : openat(work, "outputs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	int dir = work < 0 ? -1 : openat(work, OUTPUTS_NAME, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	int err = errno;
 	if (work >= 0)
 		close(work);

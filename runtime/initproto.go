@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/policy"
 )
 
 // The sandbox's init (sandboxinit.c) is the same program under every
@@ -256,6 +257,7 @@ var protocol = []protoDef{
 	{"HOLD_ARG", holdMarker, "makes it the holder of a call slot's user namespace"},
 	{"PROBE_ARG", probeMarker, "makes it report what the process runtime can apply here"},
 	{"KILL_ARG", killMarker, "makes it kill every process of its own uid"},
+	{"OUTPUTS_NAME", policy.OutputsName, "the dir under the work dir whose files come back"},
 	{"MAX_FRAME", maxFrame, "bound on a frame's payload, either way"},
 	{"EXIT_FRAME_LEN", exitFrameLen, "u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags"},
 	{"EXIT_SCRATCH", exitScratch, "exit flag: the files under the work dir went past their bound"},

@@ -6,6 +6,7 @@
 #define HOLD_ARG             "__mcp_exec_userns__"  // makes it the holder of a call slot's user namespace
 #define PROBE_ARG            "__mcp_exec_probe__"   // makes it report what the process runtime can apply here
 #define KILL_ARG             "__mcp_exec_kill__"    // makes it kill every process of its own uid
+#define OUTPUTS_NAME         "outputs"              // the dir under the work dir whose files come back
 #define MAX_FRAME            (64u << 20)            // bound on a frame's payload, either way
 #define EXIT_FRAME_LEN       32                     // u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags
 #define EXIT_SCRATCH         1                      // exit flag: the files under the work dir went past their bound

@@ -62,9 +62,6 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// ErrUnsupported marks a host that cannot provide the whole sandbox.
-var ErrUnsupported = errors.New("isolation unavailable")
-
 // LibcontainerUsable returns an error naming everything the libcontainer
 // runtime would lack on this host, or nil.
 func LibcontainerUsable() error {

@@ -46,7 +46,7 @@ func protocolSandbox(t *testing.T) (*ProcessRuntime, *sandbox) {
 	}
 	t.Cleanup(func() { rt.Close() })
 	b, err := bundle.New(rt.BundleDir(), bundle.Config{Rootfs: "/", Python: py.Path, Limits: policy.DefaultLimits(), InitDir: rt.InitDir(),
-		MaxOutputBytes: 1 << 20, MaxFiles: 20, MaxFileBytes: 10 << 20, MaxCodeBytes: 1 << 20}, uuid.NewString())
+		CallCaps: policy.DefaultCallCaps()}, uuid.NewString())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,10 +61,10 @@ func protocolSandbox(t *testing.T) (*ProcessRuntime, *sandbox) {
 // sendRaw writes frames to the init as they are, ahead of a call.
 func sendRaw(t *testing.T, sb *sandbox, frames ...[]byte) {
 	t.Helper()
-	sb.sess.wmu.Lock()
-	defer sb.sess.wmu.Unlock()
+	sb.conn.wmu.Lock()
+	defer sb.conn.wmu.Unlock()
 	for _, f := range frames {
-		if _, err := sb.sess.to.Write(f); err != nil {
+		if _, err := sb.conn.to.Write(f); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -33,20 +33,18 @@ import (
 	"time"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/host"
 )
 
-// Kind names a runtime implementation.
-type Kind string
+// Kind names a runtime implementation: host's enum, which the host checks
+// are keyed by.
+type Kind = host.Runtime
 
 const (
-	Libcontainer Kind = "libcontainer"
-	Runsc        Kind = "runsc"
-	// Process runs each call as a fresh process, with no container: the
-	// server's own (outer) container is the boundary.
-	Process Kind = "process"
-	// Auto is the strict sandbox where this host allows it (libcontainer,
-	// else runsc), else Process.
-	Auto Kind = "auto"
+	Libcontainer = host.Libcontainer
+	Runsc        = host.Runsc
+	Process      = host.Process
+	Auto         = host.Auto
 )
 
 // ParseKind parses a runtime name as given in configuration.
@@ -167,11 +165,19 @@ type Result struct {
 	Pooled bool
 }
 
-// ErrSandbox marks errors where the sandbox could not be set up or run.
-var ErrSandbox = errors.New("sandbox could not run")
+// The two failures a caller tells apart. Neither is the code's own: what
+// the code did, however it ended, is a Result.
+var (
+	// ErrUnsupported: this host cannot give the whole sandbox, so the
+	// runtime refuses to run at all (doctor says what is missing).
+	ErrUnsupported = errors.New("isolation unavailable")
+	// ErrSandbox: this call's sandbox could not be set up or run; the
+	// next call gets a fresh one.
+	ErrSandbox = errors.New("sandbox could not run")
+)
 
-// errNotStarted marks a sandbox that ended before the code started: the
-// call may have another (Pool.Run).
+// errNotStarted refines ErrSandbox, never alone: the sandbox ended before
+// the code started, so the call may have another (Pool.Run).
 var errNotStarted = errors.New("the code could not be started")
 
 // Runtime prepares containers from bundles.

@@ -88,7 +88,7 @@ type sandbox struct {
 	b    *bundle.Bundle
 	c    container
 	live *liveSet
-	sess *session
+	conn *initConn
 
 	mu    sync.Mutex
 	state status
@@ -149,14 +149,14 @@ func prepare(ctx context.Context, live *liveSet, b *bundle.Bundle, c container) 
 		closeAll(parent[:])
 		return nil, err
 	}
-	sb.sess = newSession(parent[0], parent[1], parent[2])
+	sb.conn = newInitConn(parent[0], parent[1], parent[2])
 	if err := c.started(); err != nil {
 		return nil, err
 	}
-	if err := sb.sess.configure(cfg); err != nil {
+	if err := sb.conn.configure(cfg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	if err := sb.sess.waitReady(ctx, sb); err != nil {
+	if err := sb.conn.waitReady(ctx, sb); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -213,7 +213,7 @@ func (sb *sandbox) run(ctx context.Context, req Request) (Result, error) {
 	if err := sb.move(running, ready); err != nil {
 		return Result{}, err
 	}
-	return supervise(ctx, sb, sb.sess, req)
+	return supervise(ctx, sb, sb.conn, req)
 }
 
 // The supervision's view of the sandbox (supervisor).
@@ -244,8 +244,8 @@ func (sb *sandbox) teardown() error {
 	launched := sb.launched
 	sb.mu.Unlock()
 	sb.c.kill()
-	if sb.sess != nil {
-		sb.sess.closeInput()
+	if sb.conn != nil {
+		sb.conn.closeInput()
 	}
 	if launched {
 		tick := time.NewTicker(50 * time.Millisecond)

@@ -75,8 +75,9 @@ type event struct {
 	msg      string
 }
 
-// session is the conversation with one sandbox's init.
-type session struct {
+// initConn is the conversation with one sandbox's init (not an MCP
+// session: docs/architecture.md says what each word means).
+type initConn struct {
 	to     *os.File // the init's stdin
 	events chan event
 	diag   *cappedBuffer // the init's stderr
@@ -93,11 +94,11 @@ type session struct {
 	writeOnce sync.Once
 }
 
-// newSession starts reading frames from the init's stdout and its stderr.
+// newInitConn starts reading frames from the init's stdout and its stderr.
 // The init sends no more of each of the code's streams than its cap (the
 // bundle's); the runtime keeps at most the request's.
-func newSession(to, from, diag *os.File) *session {
-	s := &session{
+func newInitConn(to, from, diag *os.File) *initConn {
+	s := &initConn{
 		to:     to,
 		events: make(chan event, 64),
 		diag:   newCappedBuffer(64 << 10),
@@ -111,7 +112,7 @@ func newSession(to, from, diag *os.File) *session {
 
 // read turns frames into output, files and events until the init's stdout
 // ends; then it sends a zero event and stops.
-func (s *session) read(from *os.File) {
+func (s *initConn) read(from *os.File) {
 	defer from.Close()
 	defer func() { s.events <- event{at: time.Now()} }()
 	r := bufio.NewReaderSize(from, 64<<10)
@@ -214,7 +215,7 @@ func writeFrame(w io.Writer, typ byte, payload ...[]byte) {
 // configure sends the init its configuration, the first frame, from its
 // own goroutine: an init that died before reading it must not hold the
 // runtime up (waitReady then sees it gone).
-func (s *session) configure(c *initConfig) error {
+func (s *initConn) configure(c *initConfig) error {
 	payload, err := c.encode()
 	if err != nil {
 		return err
@@ -230,7 +231,7 @@ func (s *session) configure(c *initConfig) error {
 // send writes the call to the init: files, stdin, then the code. It runs
 // in its own goroutine: the init reads everything at once, but a dead one
 // must not hold the supervision up.
-func (s *session) send(req Request) {
+func (s *initConn) send(req Request) {
 	go func() {
 		s.wmu.Lock()
 		defer s.wmu.Unlock()
@@ -253,7 +254,7 @@ func (s *session) send(req Request) {
 }
 
 // kill asks the init to kill the code; its answer follows as usual.
-func (s *session) kill() {
+func (s *initConn) kill() {
 	go func() {
 		s.wmu.Lock()
 		defer s.wmu.Unlock()
@@ -263,12 +264,12 @@ func (s *session) kill() {
 
 // closeInput closes the init's stdin: an init that still waits for a call
 // then kills everything and exits.
-func (s *session) closeInput() {
+func (s *initConn) closeInput() {
 	s.writeOnce.Do(func() { s.to.Close() })
 }
 
 // waitReady waits for the init to report its interpreter ready.
-func (s *session) waitReady(ctx context.Context, c interface{ exited() <-chan struct{} }) error {
+func (s *initConn) waitReady(ctx context.Context, c interface{ exited() <-chan struct{} }) error {
 	timer := time.NewTimer(readyTimeout)
 	defer timer.Stop()
 	for {
@@ -295,7 +296,7 @@ func (s *session) waitReady(ctx context.Context, c interface{ exited() <-chan st
 
 // failure describes what the init and the interpreter said before they
 // failed, for the operator's log.
-func (s *session) failure() string {
+func (s *initConn) failure() string {
 	for _, b := range []*cappedBuffer{s.diag, s.stderr, s.stdout} {
 		if msg, _, _ := b.result(); len(msg) > 0 {
 			return lastLines(msg, 5)
@@ -308,7 +309,7 @@ func (s *session) failure() string {
 // counts the timeout from when the code has it, kills on timeout or
 // cancellation, and collects the verdict. The container's watchdog is told
 // the deadline past which it may kill the container itself.
-func supervise(ctx context.Context, c supervised, s *session, req Request) (Result, error) {
+func supervise(ctx context.Context, c supervised, s *initConn, req Request) (Result, error) {
 	var res Result
 	if err := c.foreground(); err != nil {
 		return res, fmt.Errorf("%w: giving the sandbox a call's CPU weight: %w", ErrSandbox, err)

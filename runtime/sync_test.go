@@ -34,7 +34,7 @@ func TestKeptInSync(t *testing.T) {
 	// Every mount of the spec lands on a mount point the rootfs has, or
 	// inside a mount of the spec: nothing is created in the shared rootfs.
 	spec := bundle.Spec(bundle.Config{Rootfs: "/r", Python: "/usr/bin/python3", Limits: policy.DefaultLimits(), InitDir: "/i",
-		MaxOutputBytes: 1, MaxCodeBytes: 1})
+		CallCaps: policy.CallCaps{MaxOutputBytes: 1, MaxCodeBytes: 1}})
 	points := rootfs.MountPoints()
 	for _, m := range spec.Mounts {
 		inside := slices.ContainsFunc(spec.Mounts, func(o specs.Mount) bool {

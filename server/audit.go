@@ -69,7 +69,7 @@ type AuditLog struct {
 	log *slog.Logger
 }
 
-// OpenAudit opens the audit log named by MCP_EXEC_AUDIT_LOG: "" is off, "-"
+// OpenAudit opens the audit log named by {AuditLog}: "" is off, "-"
 // is stderr, anything else a file appended to and readable by the owner only.
 func OpenAudit(path string, stderr io.Writer, log *slog.Logger) (*AuditLog, error) {
 	switch path {
@@ -80,7 +80,7 @@ func OpenAudit(path string, stderr io.Writer, log *slog.Logger) (*AuditLog, erro
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("MCP_EXEC_AUDIT_LOG: opening %s: %w", path, err)
+		return nil, fmt.Errorf("{AuditLog}: opening %s: %w", path, err)
 	}
 	return &AuditLog{w: f, c: f, log: log}, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/runtime"
 )
 
@@ -29,22 +30,19 @@ type outputFile struct {
 	MIMEType string `json:"mime_type" jsonschema:"media type, from the name or the content"`
 }
 
-// outputsDir is the dir under /tmp whose files come back.
-const outputsDir = "outputs"
-
 // filesSchema is the input schema of files. The limits are in its
 // description, not in maxItems: the handler's own check names the variable
 // that sets them, the SDK's schema error would not.
 func filesSchema(o Options) map[string]any {
 	return map[string]any{
 		"type": "array",
-		"description": fmt.Sprintf("files written under /tmp (the working directory) before the code starts; at most %d files and %d bytes in all. "+
-			"Leave files to return in /tmp/outputs.", o.MaxFiles, o.MaxFileBytes),
+		"description": fmt.Sprintf("files written under %s (the working directory) before the code starts; at most %d files and %d bytes in all. "+
+			"Leave files to return in %s.", policy.WorkDir, o.MaxFiles, o.MaxFileBytes, policy.OutputsDir),
 		"items": map[string]any{
 			"type":     "object",
 			"required": []string{"path"},
 			"properties": map[string]any{
-				"path":           map[string]any{"type": "string", "description": "relative to /tmp; no '..', not absolute"},
+				"path":           map[string]any{"type": "string", "description": "relative to " + policy.WorkDir + "; no '..', not absolute"},
 				"content":        map[string]any{"type": "string", "description": "the file's text (UTF-8)"},
 				"content_base64": map[string]any{"type": "string", "description": "the file's bytes, base64-encoded (instead of content)"},
 			},
@@ -66,8 +64,8 @@ func (s *Server) validateFiles(in []inputFile) ([]runtime.File, error) {
 			return nil, fmt.Errorf("files[%d].path %q: %v", i, f.Path, err)
 		}
 		clean := path.Clean(f.Path)
-		if clean == outputsDir || strings.HasPrefix(clean, outputsDir+"/") {
-			return nil, fmt.Errorf("files[%d].path %q: /tmp/outputs starts empty in every call; put input files elsewhere", i, f.Path)
+		if clean == policy.OutputsName || strings.HasPrefix(clean, policy.OutputsName+"/") {
+			return nil, fmt.Errorf("files[%d].path %q: %s starts empty in every call; put input files elsewhere", i, f.Path, policy.OutputsDir)
 		}
 		if seen[clean] {
 			return nil, fmt.Errorf("files[%d].path %q: given twice", i, f.Path)
@@ -126,7 +124,7 @@ func fileContent(f runtime.File, typ string) mcp.Content {
 	if imageTypes[typ] {
 		return &mcp.ImageContent{Data: f.Data, MIMEType: typ}
 	}
-	rc := &mcp.ResourceContents{URI: "file:///tmp/outputs/" + escapePath(f.Path), MIMEType: typ}
+	rc := &mcp.ResourceContents{URI: "file://" + policy.OutputsDir + "/" + escapePath(f.Path), MIMEType: typ}
 	if utf8.Valid(f.Data) && !strings.ContainsRune(string(f.Data), 0) {
 		rc.Text = string(f.Data)
 		if len(f.Data) == 0 {

@@ -77,7 +77,7 @@ func (s *Server) ServeHTTP(ctx context.Context, ln net.Listener) error {
 			return s.mcpServer(func(*mcp.CallToolRequest) origin { return o })
 		}, &mcp.SSEOptions{MaxRequestBodyBytes: limit})
 	default:
-		return fmt.Errorf("MCP_EXEC_TRANSPORT: %q is not an HTTP transport", s.opts.Transport)
+		return fmt.Errorf("{Transport}: %q is not an HTTP transport", s.opts.Transport)
 	}
 	handler = limitBodies(handler, limit, semaphore.NewWeighted(bodyBudget(s.opts)))
 

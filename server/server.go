@@ -73,13 +73,8 @@ type EngineInfo struct {
 type Options struct {
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
-	MaxOutputBytes int64
-	MaxStdinBytes  int64
-	MaxCodeBytes   int64
-	// MaxFiles and MaxFileBytes bound the files a call sends, and those it
-	// gets back from /tmp/outputs.
-	MaxFiles     int
-	MaxFileBytes int64
+	// CallCaps bound a call's code, stdin, output and files.
+	policy.CallCaps
 	// Limits are the sandbox's resource limits, for the description and
 	// the audit log.
 	Limits policy.Limits
@@ -129,52 +124,42 @@ func ParseTransport(s string) (Transport, error) {
 	return "", fmt.Errorf("must be one of stdio, http, sse, got %q", s)
 }
 
-// Validate reports every option that is out of range, naming its variable.
+// Validate reports every option that is out of range, naming its field
+// as {Field}: the edge, which knows how each is set, names it so
+// (docs/architecture.md).
 func (o Options) Validate() error {
 	var errs []error
 	if o.DefaultTimeout <= 0 || o.MaxTimeout <= 0 {
-		errs = append(errs, errors.New("MCP_EXEC_DEFAULT_TIMEOUT_S and MCP_EXEC_MAX_TIMEOUT_S must be > 0"))
+		errs = append(errs, errors.New("{DefaultTimeout} and {MaxTimeout} must be > 0"))
 	}
 	if o.DefaultTimeout > o.MaxTimeout {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_DEFAULT_TIMEOUT_S (%s) must not exceed MCP_EXEC_MAX_TIMEOUT_S (%s)",
+		errs = append(errs, fmt.Errorf("{DefaultTimeout} (%s) must not exceed {MaxTimeout} (%s)",
 			fmtSeconds(o.DefaultTimeout), fmtSeconds(o.MaxTimeout)))
 	}
-	if o.MaxOutputBytes <= 0 {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_OUTPUT_BYTES must be > 0, got %d", o.MaxOutputBytes))
-	}
-	if o.MaxStdinBytes < 0 {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_STDIN_BYTES must be ≥ 0, got %d", o.MaxStdinBytes))
-	}
-	if o.MaxCodeBytes <= 0 {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_CODE_BYTES must be > 0, got %d", o.MaxCodeBytes))
-	}
-	if o.MaxFiles < 0 {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_FILES must be ≥ 0, got %d", o.MaxFiles))
-	}
-	if o.MaxFileBytes < 0 {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_FILE_BYTES must be ≥ 0, got %d", o.MaxFileBytes))
+	if err := o.CallCaps.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if o.MaxConcurrency < 1 {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_CONCURRENCY must be ≥ 1, got %d", o.MaxConcurrency))
+		errs = append(errs, fmt.Errorf("{MaxConcurrency} must be ≥ 1, got %d", o.MaxConcurrency))
 	}
 	if o.MaxQueued < 0 {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_QUEUED must be ≥ 0, got %d", o.MaxQueued))
+		errs = append(errs, fmt.Errorf("{MaxQueued} must be ≥ 0, got %d", o.MaxQueued))
 	}
 	if o.Progress <= 0 {
-		errs = append(errs, fmt.Errorf("MCP_EXEC_PROGRESS_S must be > 0, got %v", o.Progress))
+		errs = append(errs, fmt.Errorf("{Progress} must be > 0, got %v", o.Progress))
 	}
 	if o.Transport != Stdio {
 		switch {
 		case o.AuthToken == "":
-			errs = append(errs, fmt.Errorf("MCP_EXEC_AUTH_TOKEN is required with --transport %s: the server refuses to serve HTTP without a bearer token", o.Transport))
+			errs = append(errs, fmt.Errorf("{AuthToken} is required with {Transport}=%s: the server refuses to serve HTTP without a bearer token", o.Transport))
 		case len(o.AuthToken) < minTokenLen:
-			errs = append(errs, fmt.Errorf("MCP_EXEC_AUTH_TOKEN must be at least %d characters, got %d", minTokenLen, len(o.AuthToken)))
+			errs = append(errs, fmt.Errorf("{AuthToken} must be at least %d characters, got %d", minTokenLen, len(o.AuthToken)))
 		}
 		if o.SessionIdle <= 0 {
-			errs = append(errs, fmt.Errorf("MCP_EXEC_SESSION_IDLE_S must be > 0, got %v", o.SessionIdle))
+			errs = append(errs, fmt.Errorf("{SessionIdle} must be > 0, got %v", o.SessionIdle))
 		}
 		if o.MaxSessions < 1 {
-			errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_SESSIONS must be ≥ 1, got %d", o.MaxSessions))
+			errs = append(errs, fmt.Errorf("{MaxSessions} must be ≥ 1, got %d", o.MaxSessions))
 		}
 	}
 	if err := o.Limits.Validate(); err != nil {
@@ -331,7 +316,7 @@ func (s *Server) description() string {
 	// The process runtime's call has no /tmp of its own: its working
 	// directory is, and the model must write there by relative paths.
 	process := info.Runtime == string(runtime.Process)
-	dir, outputs := "/tmp", "/tmp/outputs"
+	dir, outputs := policy.WorkDir, policy.OutputsDir
 	if process {
 		dir, outputs = "the working directory", "outputs/ in the working directory"
 		fmt.Fprintf(&b, "There is no network access. The code may write only in its working directory, its own /tmp (also $TMPDIR and $HOME, %d MiB in all): use relative paths; the machine's /tmp and everything else are read-only. ", o.Limits.TmpfsBytes/mib)
@@ -660,10 +645,10 @@ func summary(out execOutput, timeout time.Duration, o Options) string {
 		for i, f := range out.Files {
 			paths[i] = f.Path
 		}
-		fmt.Fprintf(&b, "; %d file(s) from /tmp/outputs: %s", n, strings.Join(paths, ", "))
+		fmt.Fprintf(&b, "; %d file(s) from %s: %s", n, policy.OutputsDir, strings.Join(paths, ", "))
 	}
 	if out.FilesTruncated {
-		fmt.Fprintf(&b, "; files left out of /tmp/outputs for the limits (%d files, %d bytes)", o.MaxFiles, o.MaxFileBytes)
+		fmt.Fprintf(&b, "; files left out of %s for the limits (%d files, %d bytes)", policy.OutputsDir, o.MaxFiles, o.MaxFileBytes)
 	}
 	fmt.Fprintf(&b, " (%d ms)\n", out.DurationMS)
 	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -94,11 +95,7 @@ func testOptions() Options {
 	return Options{
 		DefaultTimeout: 30 * time.Second,
 		MaxTimeout:     300 * time.Second,
-		MaxOutputBytes: 1 << 20,
-		MaxStdinBytes:  1 << 20,
-		MaxCodeBytes:   1 << 20,
-		MaxFiles:       20,
-		MaxFileBytes:   10 << 20,
+		CallCaps:       policy.DefaultCallCaps(),
 		Limits:         policy.DefaultLimits(),
 		MaxConcurrency: 4,
 		MaxQueued:      16,
@@ -574,12 +571,12 @@ func TestOptionsValidate(t *testing.T) {
 		modify func(*Options)
 		want   string
 	}{
-		{"http without token", func(o *Options) { o.Transport = HTTP }, "MCP_EXEC_AUTH_TOKEN is required"},
+		{"http without token", func(o *Options) { o.Transport = HTTP }, "{AuthToken} is required"},
 		{"short token", func(o *Options) { o.Transport = SSE; o.AuthToken = "short" }, "at least 16 characters, got 5"},
-		{"no concurrency", func(o *Options) { o.MaxConcurrency = 0 }, "MCP_EXEC_MAX_CONCURRENCY"},
-		{"negative queue", func(o *Options) { o.MaxQueued = -1 }, "MCP_EXEC_MAX_QUEUED"},
-		{"no code", func(o *Options) { o.MaxCodeBytes = 0 }, "MCP_EXEC_MAX_CODE_BYTES"},
-		{"default over max", func(o *Options) { o.DefaultTimeout = time.Hour }, "must not exceed MCP_EXEC_MAX_TIMEOUT_S"},
+		{"no concurrency", func(o *Options) { o.MaxConcurrency = 0 }, "{MaxConcurrency}"},
+		{"negative queue", func(o *Options) { o.MaxQueued = -1 }, "{MaxQueued}"},
+		{"no code", func(o *Options) { o.MaxCodeBytes = 0 }, "{MaxCodeBytes}"},
+		{"default over max", func(o *Options) { o.DefaultTimeout = time.Hour }, "must not exceed {MaxTimeout}"},
 	} {
 		o := testOptions()
 		tc.modify(&o)
@@ -716,5 +713,25 @@ func TestDescriptionProcess(t *testing.T) {
 	}
 	if strings.Contains(d, "/tmp/outputs") || strings.Contains(d, "read-only except /tmp") {
 		t.Errorf("description under the process runtime names the machine's /tmp as the call's:\n%s", d)
+	}
+}
+
+// The output schema's descriptions are struct tags, which cannot be
+// computed: each that names the outputs dir must name policy's.
+func TestSchemaNamesTheOutputsDir(t *testing.T) {
+	n := 0
+	for _, typ := range []reflect.Type{reflect.TypeFor[execOutput](), reflect.TypeFor[outputFile]()} {
+		for f := range typ.Fields() {
+			tag := f.Tag.Get("jsonschema")
+			if strings.Contains(tag, "/"+policy.OutputsName) {
+				n++
+				if !strings.Contains(tag, policy.OutputsDir) {
+					t.Errorf("%s.%s's description %q names an outputs dir other than %s", typ.Name(), f.Name, tag, policy.OutputsDir)
+				}
+			}
+		}
+	}
+	if n < 3 {
+		t.Errorf("%d descriptions name the outputs dir, want the 3 that do", n)
 	}
 }

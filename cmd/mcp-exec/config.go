@@ -29,11 +29,7 @@ type config struct {
 	AuthTokenFile  string // read into AuthToken by loadConfig
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
-	MaxOutputBytes int64
-	MaxStdinBytes  int64
-	MaxCodeBytes   int64
-	MaxFiles       int
-	MaxFileBytes   int64
+	policy.CallCaps
 	Runtime        runtime.Kind
 	Rootfs         string // empty: build from Python into the cache
 	Python         string // empty: /usr/bin/python3, else python3 on PATH
@@ -65,11 +61,7 @@ func defaultConfig() config {
 		Addr:           "127.0.0.1:8080",
 		DefaultTimeout: 30 * time.Second,
 		MaxTimeout:     300 * time.Second,
-		MaxOutputBytes: 1 << 20,
-		MaxStdinBytes:  1 << 20,
-		MaxCodeBytes:   1 << 20,
-		MaxFiles:       20,
-		MaxFileBytes:   10 << 20,
+		CallCaps:       policy.DefaultCallCaps(),
 		Runtime:        runtime.Libcontainer,
 		Limits:         policy.DefaultLimits(),
 		MaxConcurrency: 2 * goruntime.NumCPU(),
@@ -97,7 +89,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_MAX_OUTPUT_BYTES", "max-output-bytes", "cap per stream (stdout, stderr)", byteCount(&c.MaxOutputBytes, 1, 1)},
 		{"MCP_EXEC_MAX_STDIN_BYTES", "max-stdin-bytes", "largest stdin accepted", byteCount(&c.MaxStdinBytes, 1, 0)},
 		{"MCP_EXEC_MAX_CODE_BYTES", "max-code-bytes", "largest code accepted", byteCount(&c.MaxCodeBytes, 1, 1)},
-		{"MCP_EXEC_MAX_FILES", "max-files", "most files a call may send, and return from /tmp/outputs", integer(&c.MaxFiles, 0)},
+		{"MCP_EXEC_MAX_FILES", "max-files", "most files a call may send, and return from " + policy.OutputsDir, integer(&c.MaxFiles, 0)},
 		{"MCP_EXEC_MAX_FILE_BYTES", "max-file-bytes", "most bytes of files a call may send, and return", byteCount(&c.MaxFileBytes, 1, 0)},
 		{"MCP_EXEC_RUNTIME", "runtime", "libcontainer, runsc, process (a fresh process per call; the outer container is the boundary) or auto (the strictest this host allows)", &value[runtime.Kind]{p: &c.Runtime, parse: runtime.ParseKind}},
 		{"MCP_EXEC_ROOTFS", "rootfs", "the read-only Python rootfs to use (default: built from the host's python3 into a cache dir)", str(&c.Rootfs)},
@@ -168,7 +160,8 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) (string, bo
 	if !queuedByEnv && !queuedByFlag {
 		cfg.MaxQueued = 4 * cfg.MaxConcurrency
 	}
-	return cfg, cfg.validate(serverOnly)
+	// The libraries name fields; the operator reads variables.
+	return cfg, named(cfg.validate(serverOnly))
 }
 
 // readAuthTokenFile moves the token from MCP_EXEC_AUTH_TOKEN_FILE into
@@ -262,11 +255,7 @@ func (c *config) serverOptions() server.Options {
 	return server.Options{
 		DefaultTimeout: c.DefaultTimeout,
 		MaxTimeout:     c.MaxTimeout,
-		MaxOutputBytes: c.MaxOutputBytes,
-		MaxStdinBytes:  c.MaxStdinBytes,
-		MaxCodeBytes:   c.MaxCodeBytes,
-		MaxFiles:       c.MaxFiles,
-		MaxFileBytes:   c.MaxFileBytes,
+		CallCaps:       c.CallCaps,
 		Limits:         c.Limits,
 		MaxConcurrency: c.MaxConcurrency,
 		MaxQueued:      c.MaxQueued,
@@ -297,6 +286,10 @@ func (v *value[T]) String() string {
 	}
 	return fmt.Sprint(*v.p)
 }
+
+// target is where the value is written: the settings table finds the
+// field it sets from it.
+func (v *value[T]) target() any { return v.p }
 
 func (v *value[T]) Set(s string) error {
 	x, err := v.parse(s)

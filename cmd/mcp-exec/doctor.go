@@ -82,6 +82,9 @@ type rootfsReport struct {
 // doctorCmd reports what isolation this host supports and exits non-zero
 // when the selected runtime cannot give the full sandbox.
 func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	// The host checks name settings as fields; the report names them as
+	// the operator sets them.
+	stdout, stderr = fieldWriter{stdout}, fieldWriter{stderr}
 	fs := flag.NewFlagSet("mcp-exec doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -104,7 +107,7 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		Platform: rs.Platform, Limits: rs.Limits, Missing: rs.Missing, Runsc: &rs}}
 	for i, c := range r.Runtimes {
 		if slices.ContainsFunc(c.Missing, func(m host.Missing) bool { return m.Privilege }) {
-			fix := host.FixInContainer(host.Runtime(c.Kind))
+			fix := host.FixInContainer(c.Kind)
 			r.Runtimes[i].InContainer = &fix
 		}
 	}

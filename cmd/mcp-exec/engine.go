@@ -20,6 +20,7 @@ import (
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
+	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
 	"github.com/inhuman/mcp-exec/server"
@@ -44,6 +45,7 @@ type engine struct {
 // newEngine creates the runtime (refusing when the host cannot give the
 // full sandbox) and opens the rootfs, proven in that runtime's sandboxes.
 func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, retErr error) {
+	defer func() { retErr = named(retErr) }()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -68,7 +70,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	}
 	if p, ok := rt.(*runtime.ProcessRuntime); ok {
 		iso := p.Isolation()
-		s.note = processNote(cfg.Runtime, why, iso)
+		s.note = expandFields(processNote(cfg.Runtime, why, iso))
 		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
 			"runtime", rt.Kind(), "why", why, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
 		return s, s.startProcess(ctx, cfg)
@@ -134,7 +136,7 @@ func (s *engine) compileImage(ctx context.Context, bc bundle.Config) error {
 	bc.Limits.TmpfsBytes = 768 << 20
 	bc.Limits.CPUs = max(bc.Limits.CPUs, 2)
 	bc.MaxFiles, bc.MaxFileBytes = 50000, 512<<20
-	bc.Env = append(bc.Env, "PYTHONPYCACHEPREFIX="+bundle.OutputsDir)
+	bc.Env = append(bc.Env, "PYTHONPYCACHEPREFIX="+policy.OutputsDir)
 	code := "import compileall\ncompileall.compile_path(skip_curdir=True, quiet=2)\n"
 	res, err := s.runWith(ctx, bc, runtime.Request{Code: []byte(code), Timeout: 10 * time.Minute, MaxOutputBytes: 64 << 10})
 	if err != nil {
@@ -224,7 +226,7 @@ func (s *engine) startProcess(ctx context.Context, cfg config) error {
 	}
 	py, err := rootfs.FindPython(ctx, cfg.Python)
 	if err != nil {
-		return fmt.Errorf("the sandbox cannot start: finding python (MCP_EXEC_PYTHON): %w", err)
+		return fmt.Errorf("the sandbox cannot start: finding python ({Python}): %w", err)
 	}
 	if s.contents, err = rootfs.Describe(py, cfg.rootfsOptions()); err != nil {
 		return fmt.Errorf("the sandbox cannot start: %w", err)
@@ -250,15 +252,12 @@ func (s *engine) startProcess(ctx context.Context, cfg config) error {
 // bundleConfig is what every sandbox of this engine on root shares.
 func (s *engine) bundleConfig(cfg config, root rootfs.Root) bundle.Config {
 	bc := bundle.Config{
-		Rootfs:         root.Dir,
-		Python:         root.Python,
-		Limits:         cfg.Limits,
-		InitDir:        s.rt.InitDir(),
-		MaxOutputBytes: cfg.MaxOutputBytes,
-		MaxFiles:       cfg.MaxFiles,
-		MaxFileBytes:   cfg.MaxFileBytes,
-		MaxCodeBytes:   cfg.MaxCodeBytes,
-		Env:            append(threadEnv(cfg.Limits.CPUs), root.Contents.Env...),
+		Rootfs:   root.Dir,
+		Python:   root.Python,
+		Limits:   cfg.Limits,
+		InitDir:  s.rt.InitDir(),
+		CallCaps: cfg.CallCaps,
+		Env:      append(threadEnv(cfg.Limits.CPUs), root.Contents.Env...),
 	}
 	if cfg.PackagesDir != "" && root.PackagesMount != "" {
 		bc.PackagesDir, bc.PackagesMount = cfg.PackagesDir, root.PackagesMount
@@ -352,7 +351,8 @@ func (s *engine) prepare(ctx context.Context, bcfg bundle.Config) (runtime.Sandb
 // ahead when there is one, else one prepared now. Either is used for
 // this call only and torn down after it, off the call's time.
 func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
-	return s.pool.Run(ctx, req)
+	res, err := s.pool.Run(ctx, req)
+	return res, named(err)
 }
 
 // Info describes the sandbox for the tool description.

@@ -16,6 +16,7 @@ import (
 // rootfsCmd builds the default rootfs from the host's Python into a
 // directory of the caller's choosing.
 func rootfsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	stdout, stderr = fieldWriter{stdout}, fieldWriter{stderr}
 	if len(args) == 0 || args[0] != "build" {
 		fmt.Fprintln(stderr, "usage: mcp-exec rootfs build --out DIR [--python PATH] [--packages LIST] [--shell]")
 		return 2

@@ -20,7 +20,10 @@ const exitSandboxFailed = 125
 
 // runCmd runs one piece of Python in the sandbox and mirrors its output and
 // exit status.
-func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func runCmd(ctx context.Context, args []string, stdout, progStderr io.Writer) int {
+	// What mcp-exec says names settings as the operator sets them; the
+	// program's own stderr is mirrored untouched.
+	stderr := fieldWriter{progStderr}
 	fs := flag.NewFlagSet("mcp-exec run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	code := fs.String("c", "", "Python code to run (instead of FILE)")
@@ -94,7 +97,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer eng.close()
 	res, err := eng.Run(ctx, runtime.Request{Code: src, Stdin: in, Timeout: timeout, MaxOutputBytes: cfg.MaxOutputBytes})
 	stdout.Write(res.Stdout)
-	stderr.Write(res.Stderr)
+	progStderr.Write(res.Stderr)
 	if err != nil {
 		return fail("%v", err)
 	}

@@ -17,7 +17,10 @@ import (
 // serveCmd runs the MCP server until its client goes (stdio) or ctx is
 // done (SIGTERM, SIGINT): in-flight calls are cancelled, which kills their
 // containers, the sandbox is torn down, and the exit status is 0.
-func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, rawStderr io.Writer) int {
+	// What the server says names settings as the operator sets them; the
+	// audit log, a record of calls, is written as it is.
+	stderr := fieldWriter{rawStderr}
 	fs := flag.NewFlagSet("mcp-exec serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	verbose := fs.Bool("v", false, "debug logging")
@@ -49,7 +52,7 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		log.Warn(w)
 	}
 
-	audit, err := server.OpenAudit(cfg.AuditLog, stderr, log)
+	audit, err := server.OpenAudit(cfg.AuditLog, rawStderr, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "mcp-exec serve:", err)
 		return 2
@@ -61,7 +64,7 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	var ln net.Listener
 	if cfg.Transport != server.Stdio {
 		if ln, err = net.Listen("tcp", cfg.Addr); err != nil {
-			fmt.Fprintln(stderr, "mcp-exec serve: MCP_EXEC_ADDR:", err)
+			fmt.Fprintln(stderr, "mcp-exec serve: {Addr}:", err)
 			return 1
 		}
 		defer ln.Close()
