@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 func depNames(deps []dependency) []string {
@@ -59,7 +61,7 @@ func TestClosureSSLModule(t *testing.T) {
 	py := hostPython(t)
 	mods, _ := filepath.Glob(filepath.Join(py.DynLoad, "_ssl*.so"))
 	if len(mods) != 1 {
-		t.Skipf("no single _ssl module in %s: %q", py.DynLoad, mods)
+		testenv.Missing(t, "no single _ssl module in %s: %q", py.DynLoad, mods)
 	}
 	deps, err := hostResolver(t).closure(py.Path, mods)
 	if err != nil {
@@ -83,7 +85,7 @@ func buildTree(t *testing.T, dtags string) string {
 	t.Helper()
 	cc, err := exec.LookPath("cc")
 	if err != nil {
-		t.Skipf("no C compiler to build test objects: %v", err)
+		testenv.Missing(t, "no C compiler (cc) to build test objects: %v", err)
 	}
 	dir := t.TempDir()
 	for _, d := range []string{"bin", "lib", "other", "src"} {
@@ -268,7 +270,7 @@ func TestAliasForConfDirs(t *testing.T) {
 	// Not under /tmp: the builder refuses paths below mount points.
 	conf, err := os.MkdirTemp("/var/tmp", "rootfs-conf-")
 	if err != nil {
-		t.Skipf("no /var/tmp: %v", err)
+		testenv.Missing(t, "no writable /var/tmp: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(conf) })
 	data, err := os.ReadFile(libc)

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // countingBuild is build, counted.
@@ -227,6 +229,8 @@ func TestEnsureWaitsForLockWithContext(t *testing.T) {
 		_, err := ensure(context.Background(), py, Options{}, cache, nil, mkdirBuild)
 		done <- err
 	}()
+	// Give it a poll or so to start waiting. Should it not have begun by
+	// the unlock, it takes a free lock, and the test still holds.
 	time.Sleep(lockPoll)
 	unlock()
 	select {
@@ -281,11 +285,11 @@ func fakeHostPython(t *testing.T) Interpreter {
 	host := hostPython(t)
 	mods, _ := filepath.Glob(filepath.Join(host.DynLoad, "_ssl*.so"))
 	if len(mods) != 1 {
-		t.Skipf("no single _ssl module in %s: %q", host.DynLoad, mods)
+		testenv.Missing(t, "no single _ssl module in %s: %q", host.DynLoad, mods)
 	}
 	root, err := os.MkdirTemp("/var/tmp", "rootfs-host-")
 	if err != nil {
-		t.Skipf("no /var/tmp: %v", err)
+		testenv.Missing(t, "no writable /var/tmp: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	stdlib := filepath.Join(root, "lib/python3")

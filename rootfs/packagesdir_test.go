@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // wheelDir lays out what pip install --target makes of a manylinux wheel:
@@ -16,7 +18,7 @@ func wheelDir(t *testing.T) string {
 	t.Helper()
 	cc, err := exec.LookPath("cc")
 	if err != nil {
-		t.Skipf("no C compiler to build test objects: %v", err)
+		testenv.Missing(t, "no C compiler (cc) to build test objects: %v", err)
 	}
 	dir := publicTempDir(t)
 	src := t.TempDir()

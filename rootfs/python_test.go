@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // pyenvShim returns pyenv's python3 shim, a bash script, or skips.
@@ -15,13 +17,13 @@ func pyenvShim(t *testing.T) string {
 	if root == "" {
 		home, err := os.UserHomeDir()
 		if err != nil {
-			t.Skipf("no pyenv: %v", err)
+			testenv.Optional(t, "pyenv (no home dir: %v)", err)
 		}
 		root = filepath.Join(home, ".pyenv")
 	}
 	shim := filepath.Join(root, "shims", "python3")
 	if _, err := os.Stat(shim); err != nil {
-		t.Skipf("no pyenv shim: %v", err)
+		testenv.Optional(t, "pyenv's python3 shim: %v", err)
 	}
 	return shim
 }

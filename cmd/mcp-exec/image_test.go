@@ -354,14 +354,13 @@ func TestBinaryPreload(t *testing.T) {
 			t.Fatalf("starting the server with %v: %v\n%s", env, err, stderr)
 		}
 		t.Cleanup(func() { cs.Close() })
-		if wantPooled {
-			deadline := time.Now().Add(60 * time.Second)
-			for !strings.Contains(stderr.String(), "sandbox prepared ahead") {
-				if time.Now().After(deadline) {
-					t.Fatalf("no sandbox prepared ahead within 60 s:\n%s", stderr)
-				}
-				time.Sleep(20 * time.Millisecond)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("the server's stderr (%v):\n%s", env, stderr)
 			}
+		})
+		if wantPooled {
+			testenv.Eventually(t, "a sandbox prepared ahead", func() bool { return strings.Contains(stderr.String(), "sandbox prepared ahead") })
 		}
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": code}})
 		if err != nil || res.IsError {
@@ -399,13 +398,7 @@ func TestBinaryPreload(t *testing.T) {
 	}
 	// The next call gets another interpreter: nothing the first did to
 	// numpy or /tmp is there.
-	deadline := time.Now().Add(60 * time.Second)
-	for strings.Count(stderr.String(), "sandbox prepared ahead") < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool did not refill within 60 s:\n%s", stderr)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "the pool refilled", func() bool { return strings.Count(stderr.String(), "sandbox prepared ahead") >= 2 })
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{
 		"code": "import os, sys\nprint(hasattr(sys.modules['numpy'], 'touched_by_a_call'), sorted(os.listdir('/tmp')))"}})
 	if err != nil || res.IsError {
@@ -414,10 +407,7 @@ func TestBinaryPreload(t *testing.T) {
 	if out := decodeOutput(t, res); out.Stdout != "False ['outputs']\n" {
 		t.Errorf("the second call saw %q (stderr %q), want numpy untouched and /tmp empty", out.Stdout, out.Stderr)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for strings.Count(stderr.String(), "msg=exec ") < 2 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(t, "both calls logged", func() bool { return strings.Count(stderr.String(), "msg=exec ") >= 2 })
 	if n := strings.Count(stderr.String(), "pooled=true"); n != 2 {
 		t.Errorf("%d of 2 calls ran on a prepared sandbox, want 2:\n%s", n, stderr)
 	}

@@ -46,8 +46,8 @@ func Root(t testing.TB) {
 }
 
 // Optional skips a test of something the product does not need, which a
-// host may or may not have (another interpreter manager, a compiler for
-// test objects): a skip everywhere, CI included, saying what is absent.
+// host may or may not have (another interpreter manager, such as pyenv):
+// a skip everywhere, CI included, saying what is absent.
 func Optional(t testing.TB, format string, args ...any) {
 	t.Helper()
 	t.Skipf("skipping: not on this host, and not required: %s", fmt.Sprintf(format, args...))
