@@ -156,7 +156,7 @@ func prepare(ctx context.Context, live *liveSet, b *bundle.Bundle, c container) 
 	if err := sb.conn.configure(cfg); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	if err := sb.conn.waitReady(ctx, sb); err != nil {
+	if err := sb.conn.waitReady(ctx, sb.done); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -213,20 +213,8 @@ func (sb *sandbox) run(ctx context.Context, req Request) (Result, error) {
 	if err := sb.move(running, ready); err != nil {
 		return Result{}, err
 	}
-	return supervise(ctx, sb, sb.conn, req)
+	return supervise(ctx, sb.c, sb.done, sb.conn, req)
 }
-
-// The supervision's view of the sandbox (supervisor).
-func (sb *sandbox) exited() <-chan struct{} { return sb.done }
-func (sb *sandbox) kill()                   { sb.c.kill() }
-func (sb *sandbox) verdict(res *Result)     { sb.c.verdict(res) }
-func (sb *sandbox) cpu() time.Duration      { return sb.c.cpu() }
-func (sb *sandbox) sockets() (int64, int64, bool) {
-	return sb.c.sockets()
-}
-func (sb *sandbox) foreground() error     { return sb.c.foreground() }
-func (sb *sandbox) deadline(at time.Time) { sb.c.deadline(at) }
-func (sb *sandbox) waitsForExit() bool    { return sb.c.waitsForExit() }
 
 // Close tears the sandbox down, whatever state it is in, under its own
 // deadline; it is safe to call more than once.

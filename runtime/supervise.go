@@ -35,21 +35,6 @@ const (
 // timer failed: the watchdog must then end the call.
 var supervisionTimer = true
 
-// supervised is what supervise needs of a sandbox whose init runs.
-type supervised interface {
-	// kill SIGKILLs every process of the container, the init included.
-	kill()
-	// exited is closed once the init has exited and been reaped.
-	exited() <-chan struct{}
-	verdict(res *Result)
-	cpu() time.Duration
-	sockets() (used, limit int64, ok bool)
-	foreground() error
-	// deadline tells an outside watchdog when the code must be over.
-	deadline(at time.Time)
-	waitsForExit() bool
-}
-
 // socketPoll is how often the supervision reads a container's socket
 // memory on cgroup v1, where the kernel lets every socket keep a buffer
 // past the bound (a receive queue that is empty takes one skb whatever
@@ -269,7 +254,7 @@ func (s *initConn) closeInput() {
 }
 
 // waitReady waits for the init to report its interpreter ready.
-func (s *initConn) waitReady(ctx context.Context, c interface{ exited() <-chan struct{} }) error {
+func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error {
 	timer := time.NewTimer(readyTimeout)
 	defer timer.Stop()
 	for {
@@ -288,7 +273,7 @@ func (s *initConn) waitReady(ctx context.Context, c interface{ exited() <-chan s
 			return fmt.Errorf("the interpreter was not ready within %v", readyTimeout)
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-c.exited():
+		case <-exited:
 			return fmt.Errorf("the sandbox's init exited before the interpreter was ready: %s", s.failure())
 		}
 	}
@@ -308,8 +293,9 @@ func (s *initConn) failure() string {
 // supervise runs one call on a ready sandbox: it hands the init the call,
 // counts the timeout from when the code has it, kills on timeout or
 // cancellation, and collects the verdict. The container's watchdog is told
-// the deadline past which it may kill the container itself.
-func supervise(ctx context.Context, c supervised, s *initConn, req Request) (Result, error) {
+// the deadline past which it may kill the container itself. exited is
+// closed once the init has exited and been reaped.
+func supervise(ctx context.Context, c container, exited <-chan struct{}, s *initConn, req Request) (Result, error) {
 	var res Result
 	if err := c.foreground(); err != nil {
 		return res, fmt.Errorf("%w: giving the sandbox a call's CPU weight: %w", ErrSandbox, err)
@@ -394,7 +380,7 @@ func supervise(ctx context.Context, c supervised, s *initConn, req Request) (Res
 	s.closeInput()
 	if !done || c.waitsForExit() {
 		select {
-		case <-c.exited():
+		case <-exited:
 		case <-time.After(teardownTimeout):
 			c.kill()
 		}
