@@ -171,6 +171,11 @@ func forEachRuntimeAndProcess(t *testing.T, f func(t *testing.T, h *harness)) {
 		h.pooled = true
 		f(t, h)
 	})
+	t.Run("process-session", func(t *testing.T) {
+		h := newProcessHarness(t, policy.DefaultLimits())
+		h.session = true
+		f(t, h)
+	})
 	if testing.Short() {
 		return
 	}
@@ -186,6 +191,12 @@ func forEachContainerRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 		t.Run(string(kind)+"-pooled", func(t *testing.T) {
 			h := newHarness(t, kind, policy.DefaultLimits())
 			h.pooled = true
+			f(t, h)
+		})
+		// On a session's sandbox that served a call before this one.
+		t.Run(string(kind)+"-session", func(t *testing.T) {
+			h := newHarness(t, kind, policy.DefaultLimits())
+			h.session = true
 			f(t, h)
 		})
 		// With what the batteries add: packages, a packages dir, a shell.
@@ -206,7 +217,10 @@ type harness struct {
 	cfg  bundle.Config
 
 	// pooled: calls run on sandboxes a Pool prepared ahead with cfg.
-	pooled  bool
+	pooled bool
+	// session: each call is the second of a persistent session, after a
+	// call that left a variable, a file and a thread behind.
+	session bool
 	pool    *runtime.Pool
 	poolCfg bundle.Config
 	bundles sync.Map // Sandbox → *bundle.Bundle
@@ -348,6 +362,9 @@ func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, erro
 		f(&o)
 	}
 	req := runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files, Timeout: o.timeout, MaxOutputBytes: o.maxOutput}
+	if h.session {
+		return h.runInSession(o.ctx, req)
+	}
 	if h.pooled {
 		sb, b, done := h.pooledSandbox()
 		res, err := sb.Run(o.ctx, req)
@@ -363,6 +380,42 @@ func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, erro
 		h.t.Fatalf("bundle.New: %v", err)
 	}
 	res, err := runtime.Run(o.ctx, h.rt, b, req)
+	h.assertClean(b)
+	return res, err
+}
+
+// priorCall is a session's call before the one under test: it leaves
+// state of every kind the session keeps.
+const priorCall = `import os, threading, time
+prior = os.getpid()
+open("prior.txt", "w").write("x")
+threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+`
+
+// runInSession runs req as the second call of a new session, and ends it.
+func (h *harness) runInSession(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	h.t.Helper()
+	var b *bundle.Bundle
+	pool := runtime.NewPool(runtime.PoolConfig{Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
+		var err error
+		if b, err = bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString()); err != nil {
+			return nil, err
+		}
+		return h.rt.Prepare(ctx, b)
+	}})
+	defer pool.Close()
+	sess, err := pool.NewSession(context.Background())
+	if err != nil {
+		h.t.Fatalf("NewSession: %v", err)
+	}
+	first, err := sess.Run(context.Background(), runtime.Request{Code: []byte(priorCall), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+	if err != nil || first.ExitCode != 0 || first.Ended != "" {
+		h.t.Fatalf("a session's first call: exit %d, ended %q, %v; stderr %s", first.ExitCode, first.Ended, err, first.Stderr)
+	}
+	res, err := sess.Run(ctx, req)
+	if cerr := sess.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
 	h.assertClean(b)
 	return res, err
 }

@@ -83,6 +83,7 @@ int make_outputs(const struct config *c, void *arg);
 int write_input_file(const struct config *c, const unsigned char *payload, uint32_t len, char *path, size_t pathcap);
 int outputs_empty(const struct config *c);
 int export_outputs(const struct config *c, void *arg);
+int empty_outputs(const struct config *c, void *arg);
 
 // init_confine.c
 void confine(const struct config *c);

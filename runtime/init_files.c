@@ -328,3 +328,48 @@ int export_outputs(const struct config *c, void *arg) {
 		report(I_NOTE, "some of outputs/ could not be read (the code took away its permissions): what it held there is not returned", 0);
 	return 0;
 }
+
+// clear_dir removes what dir holds, as far as depth goes, giving each
+// subdir its owner's rights back first (the code may have taken them).
+static void clear_dir(int dir, int depth) {
+	DIR *d = fdopendir(dir);
+	if (d == NULL) {
+		close(dir);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		if (unlinkat(dirfd(d), e->d_name, 0) == 0 || errno != EISDIR || depth >= 64)
+			continue;
+		int sub = openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (sub < 0)
+			continue;
+		fchmod(sub, 0700);
+		clear_dir(sub, depth + 1);
+		unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR);
+	}
+	closedir(d);
+}
+
+// empty_outputs runs as the code's user after a session's call has been
+// exported: the next call's outputs/ holds only what it writes.
+int empty_outputs(const struct config *c, void *arg) {
+	(void)arg;
+	int work = open_workdir(c);
+	if (work < 0)
+		return errno;
+	int dir = openat(work, OUTPUTS_NAME, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dir < 0 && errno != ENOENT) {
+		// A file or a link where the dir was: the code's; put the dir back.
+		unlinkat(work, OUTPUTS_NAME, 0);
+	}
+	if (dir >= 0) {
+		fchmod(dir, 0755);
+		clear_dir(dir, 0);
+	}
+	int err = mkdirat(work, OUTPUTS_NAME, 0755) < 0 && errno != EEXIST ? errno : 0;
+	close(work);
+	return err;
+}

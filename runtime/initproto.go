@@ -23,10 +23,15 @@ import (
 //	host → init  F path data an input file, written in the work dir as the code's user
 //	host → init  I data, J   the code's stdin, then its end
 //	host → init  L seconds   the call's CPU seconds (the process runtime's RLIMIT_CPU)
+//	host → init  P           a persistent session's call: the interpreter
+//	                         lives on after the code, for the next call
 //	host → init  C code      the code: the interpreter reads it and runs it
 //	init → host  S           the code has it: the timeout counts from here
 //	init → host  O, E data   stdout and stderr, at most the cap each
 //	host → init  K           kill the code now (the timeout)
+//	host → init  Q           interrupt the code (SIGINT: a session's timeout)
+//	host → init  H           the call's output is watched live: line-buffer stdout
+//	init → host  V repr      the repr of the code's last expression
 //	init → host  X status    the main process's wait status, the byte counts
 //	                         of stdout and stderr, how long it ran, and why
 //	                         the init killed it (exitFlags); every other
@@ -34,7 +39,24 @@ import (
 //	init → host  F path data a file from outputs/; T: one was left out
 //	init → host  N message   a note for the caller, added to the stderr
 //	init → host  D           done: the init exits
+//	init → host  Z           a session's call is over and all of it sent;
+//	                         the interpreter waits for the next (F, I, J,
+//	                         L, C again: a new call)
 //	init → host  W message   something the init was asked to do failed
+//
+// The interpreter runs the driver (driver.py), which runs the code as a
+// notebook runs a cell and talks to the init over two pipes of its own, in
+// frames of the same shape:
+//
+//	init → driver  o flags         fd 4: the first call's options (optPersist, optLive)
+//	init → driver  c flags, u32 n, stdin, code
+//	                               fd 4: a session's next call
+//	driver → init  v repr          fd 3: the value of the last expression
+//	driver → init  d u32 status    fd 3: a session's call ended, its exit status
+//
+// The code can write to those pipes too: the init trusts nothing they carry
+// beyond the call's own output (a forged end ends the call early, as an
+// exit would).
 //
 // The init's stderr carries only its own fatal errors. Everything the code
 // writes goes through pipes the init drains, so the code is never blocked
@@ -59,13 +81,16 @@ const (
 
 // Frame types, host to init.
 const (
-	hConfig   = 'G'
-	hFile     = 'F'
-	hStdin    = 'I'
-	hStdinEnd = 'J'
-	hCPU      = 'L'
-	hCode     = 'C'
-	hKill     = 'K'
+	hConfig    = 'G'
+	hFile      = 'F'
+	hStdin     = 'I'
+	hStdinEnd  = 'J'
+	hCPU       = 'L'
+	hCode      = 'C'
+	hKill      = 'K'
+	hPersist   = 'P'
+	hInterrupt = 'Q'
+	hLive      = 'H'
 )
 
 // Frame types, init to host.
@@ -80,6 +105,21 @@ const (
 	iNote    = 'N'
 	iDone    = 'D'
 	iError   = 'W'
+	iResult  = 'V'
+	iIdle    = 'Z'
+)
+
+// The driver's pipes and frames (driver.py).
+const (
+	driverCtlFd  = 3   // driver → init
+	driverCellFd = 4   // init → driver
+	dOptions     = 'o' // the first call's options: u32 opt flags
+	dCell        = 'c' // a session's next call: u32 opt flags, u32 stdin length, stdin, code
+	dValue       = 'v' // the repr of the last expression
+	dDone        = 'd' // a session's call ended: u32 exit status
+	// Options of a call, to the driver.
+	optPersist = 1 << 0 // a session: wait for the next call after this one
+	optLive    = 1 << 1 // someone watches the output: stdout line-buffered
 )
 
 // maxFrame bounds a frame either way: a file within the sandbox's limits,
@@ -95,6 +135,9 @@ const (
 	// exitScratch: the files under the work dir went past the bound of
 	// the process runtime's scratch space.
 	exitScratch = 1 << 0
+	// exitCell: a session's call ended and its interpreter lives on; the
+	// status is the call's (0, 1 for an exception, 130 for an interrupt).
+	exitCell = 1 << 1
 )
 
 // Configuration keys: the config frame's payload is a sequence of fields,
@@ -192,8 +235,10 @@ func (c *initConfig) encode() ([]byte, error) {
 	num(cfgMaxFileBytes, uint64(c.MaxFileBytes))
 	str(cfgWorkDir, c.WorkDir)
 	str(cfgScript, c.Script)
-	for _, a := range c.Argv {
-		str(cfgArg, a)
+	if len(c.Argv) >= 2 {
+		for _, a := range driverArgv(c.Argv) {
+			str(cfgArg, a)
+		}
 	}
 	for _, rl := range c.Rlimits {
 		res, ok := rlimits[rl.Type]
@@ -261,6 +306,15 @@ var protocol = []protoDef{
 	{"MAX_FRAME", maxFrame, "bound on a frame's payload, either way"},
 	{"EXIT_FRAME_LEN", exitFrameLen, "u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags"},
 	{"EXIT_SCRATCH", exitScratch, "exit flag: the files under the work dir went past their bound"},
+	{"EXIT_CELL", exitCell, "exit flag: a session's call ended, its interpreter lives on"},
+	{"DRIVER_CTL_FD", driverCtlFd, "the driver's frames to the init"},
+	{"DRIVER_CELL_FD", driverCellFd, "the init's frames to the driver"},
+	{"D_OPTIONS", byte(dOptions), "to the driver: the first call's options, u32 OPT_ flags"},
+	{"D_CELL", byte(dCell), "to the driver: a session's next call, u32 flags, u32 stdin length, stdin, code"},
+	{"D_VALUE", byte(dValue), "from the driver: the repr of the last expression"},
+	{"D_DONE", byte(dDone), "from the driver: a session's call ended, u32 exit status"},
+	{"OPT_PERSIST", optPersist, "a session: the interpreter waits for the next call"},
+	{"OPT_LIVE", optLive, "the output is watched: stdout line-buffered"},
 	{"H_CONFIG", byte(hConfig), "the init's configuration: CFG_ fields, first and once"},
 	{"H_FILE", byte(hFile), "an input file: u16 path length, path, data"},
 	{"H_STDIN", byte(hStdin), "bytes of the code's stdin"},
@@ -268,6 +322,9 @@ var protocol = []protoDef{
 	{"H_CPU", byte(hCPU), "the call's CPU seconds, decimal: RLIMIT_CPU of the code in the process runtime"},
 	{"H_CODE", byte(hCode), "the code; it runs when it is all read"},
 	{"H_KILL", byte(hKill), "kill the code now, then report as usual"},
+	{"H_PERSIST", byte(hPersist), "a persistent session's call: the interpreter lives on"},
+	{"H_INTERRUPT", byte(hInterrupt), "SIGINT to the interpreter: a session's timeout"},
+	{"H_LIVE", byte(hLive), "the call's output is watched: stdout line-buffered"},
 	{"I_READY", byte(iReady), "the interpreter waits for its code"},
 	{"I_STARTED", byte(iStarted), "the code is handed over: it runs from now"},
 	{"I_STDOUT", byte(iStdout), "stdout bytes, within the cap"},
@@ -278,6 +335,8 @@ var protocol = []protoDef{
 	{"I_NOTE", byte(iNote), "a note for the caller, added to the stderr"},
 	{"I_DONE", byte(iDone), "all is sent: the init exits"},
 	{"I_ERROR", byte(iError), "the sandbox could not do what was asked: message"},
+	{"I_RESULT", byte(iResult), "the repr of the code's last expression, within the cap"},
+	{"I_IDLE", byte(iIdle), "a session's call is over, all of it sent: the next may come"},
 	{"CFG_UID", cfgUID, "number: the code's uid"},
 	{"CFG_GID", cfgGID, "number: the code's gid"},
 	{"CFG_MAX_OUTPUT", cfgMaxOutput, "number: cap of each of stdout and stderr"},

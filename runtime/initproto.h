@@ -10,6 +10,15 @@
 #define MAX_FRAME            (64u << 20)            // bound on a frame's payload, either way
 #define EXIT_FRAME_LEN       32                     // u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags
 #define EXIT_SCRATCH         1                      // exit flag: the files under the work dir went past their bound
+#define EXIT_CELL            2                      // exit flag: a session's call ended, its interpreter lives on
+#define DRIVER_CTL_FD        3                      // the driver's frames to the init
+#define DRIVER_CELL_FD       4                      // the init's frames to the driver
+#define D_OPTIONS            'o'                    // to the driver: the first call's options, u32 OPT_ flags
+#define D_CELL               'c'                    // to the driver: a session's next call, u32 flags, u32 stdin length, stdin, code
+#define D_VALUE              'v'                    // from the driver: the repr of the last expression
+#define D_DONE               'd'                    // from the driver: a session's call ended, u32 exit status
+#define OPT_PERSIST          1                      // a session: the interpreter waits for the next call
+#define OPT_LIVE             2                      // the output is watched: stdout line-buffered
 #define H_CONFIG             'G'                    // the init's configuration: CFG_ fields, first and once
 #define H_FILE               'F'                    // an input file: u16 path length, path, data
 #define H_STDIN              'I'                    // bytes of the code's stdin
@@ -17,6 +26,9 @@
 #define H_CPU                'L'                    // the call's CPU seconds, decimal: RLIMIT_CPU of the code in the process runtime
 #define H_CODE               'C'                    // the code; it runs when it is all read
 #define H_KILL               'K'                    // kill the code now, then report as usual
+#define H_PERSIST            'P'                    // a persistent session's call: the interpreter lives on
+#define H_INTERRUPT          'Q'                    // SIGINT to the interpreter: a session's timeout
+#define H_LIVE               'H'                    // the call's output is watched: stdout line-buffered
 #define I_READY              'R'                    // the interpreter waits for its code
 #define I_STARTED            'S'                    // the code is handed over: it runs from now
 #define I_STDOUT             'O'                    // stdout bytes, within the cap
@@ -27,6 +39,8 @@
 #define I_NOTE               'N'                    // a note for the caller, added to the stderr
 #define I_DONE               'D'                    // all is sent: the init exits
 #define I_ERROR              'W'                    // the sandbox could not do what was asked: message
+#define I_RESULT             'V'                    // the repr of the code's last expression, within the cap
+#define I_IDLE               'Z'                    // a session's call is over, all of it sent: the next may come
 #define CFG_UID              1                      // number: the code's uid
 #define CFG_GID              2                      // number: the code's gid
 #define CFG_MAX_OUTPUT       3                      // number: cap of each of stdout and stderr

@@ -68,9 +68,16 @@ type Request struct {
 	// starts; when it passes every process of the container is killed. It
 	// must be > 0.
 	Timeout time.Duration
-	// MaxOutputBytes caps each of stdout and stderr. It must be > 0, and
-	// the sandbox's own cap (bundle.Config) bounds it too.
+	// MaxOutputBytes caps each of stdout and stderr, and the last
+	// expression's repr. It must be > 0, and the sandbox's own cap
+	// (bundle.Config) bounds it too.
 	MaxOutputBytes int64
+	// Persistent keeps the interpreter for another call (a Session's): the
+	// code runs as a notebook cell, and a timeout interrupts it first.
+	Persistent bool
+	// Live, when not nil, is shown the output as it comes, for whoever
+	// watches the call; stdout is then line-buffered.
+	Live *Live
 }
 
 // File is a file of a call: one written under /tmp before the code starts,
@@ -163,7 +170,28 @@ type Result struct {
 	FilesTruncated bool
 	// Pooled: the sandbox was prepared ahead of the call (see Pool).
 	Pooled bool
+	// Value is the repr of the code's last statement when that is an
+	// expression whose value is not None, at most the output cap.
+	Value          []byte
+	ValueTruncated bool
+	// Ended says why a session's sandbox takes no more calls: "" while it
+	// does (and for a call that is not a session's).
+	Ended EndReason
 }
+
+// EndReason is why a session ended.
+type EndReason string
+
+const (
+	// EndTimeout: the code was still running a moment after its timeout's
+	// interrupt, and the sandbox was killed.
+	EndTimeout EndReason = "timeout"
+	// EndOOM: the memory limit killed a process, or the process limit was
+	// hit.
+	EndOOM EndReason = "oom"
+	// EndExited: the interpreter ended (sys.exit, os._exit, a crash).
+	EndExited EndReason = "exited"
+)
 
 // The two failures a caller tells apart. Neither is the code's own: what
 // the code did, however it ended, is a Result.

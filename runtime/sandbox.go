@@ -27,7 +27,8 @@ const (
 	preparing status = iota
 	// ready: the interpreter waits for its code.
 	ready
-	// running: the call has begun; a sandbox runs code once.
+	// running: a call has begun. A sandbox runs code once, unless it is
+	// a session's, which goes back to ready after each call.
 	running
 	// closing: teardown is under way.
 	closing
@@ -208,12 +209,34 @@ func (sb *sandbox) Run(ctx context.Context, req Request) (Result, error) {
 	return sb.run(ctx, req)
 }
 
-// run runs req, which the caller validated.
+// run runs req, which the caller validated. A session's sandbox is ready
+// again after a call its interpreter lived through, unless the call hit
+// the memory or process limit, which ends the session too; otherwise
+// res.Ended says why it can take no more.
 func (sb *sandbox) run(ctx context.Context, req Request) (Result, error) {
 	if err := sb.move(running, ready); err != nil {
 		return Result{}, err
 	}
-	return supervise(ctx, sb.c, sb.done, sb.conn, req)
+	res, idle, err := supervise(ctx, sb.c, sb.done, sb.conn, req)
+	if !req.Persistent {
+		return res, err
+	}
+	switch {
+	case res.OOMKilled || res.PidsLimitHit:
+		res.Ended = EndOOM
+	case idle:
+		if merr := sb.move(ready, running); merr != nil {
+			res.Ended = EndExited
+		}
+	case res.TimedOut:
+		res.Ended = EndTimeout
+	default:
+		res.Ended = EndExited
+	}
+	if res.Ended != "" {
+		sb.c.kill()
+	}
+	return res, err
 }
 
 // Close tears the sandbox down, whatever state it is in, under its own

@@ -40,8 +40,9 @@
 enum phase {
 	STARTING, // spawned, not yet reading its script
 	READY,    // blocked in open(2) of the script FIFO: I_READY sent
-	FEEDING,  // the code is being written into the FIFO
-	RUNNING,  // the FIFO is closed: the code runs (I_STARTED sent)
+	IDLE,     // a session's call is over: waiting for the next (I_IDLE sent)
+	FEEDING,  // the code is being written into the FIFO, or to the driver
+	RUNNING,  // the code is all in: it runs (I_STARTED sent)
 	EXITED,   // the main process has ended; the rest is killed
 };
 
@@ -68,9 +69,20 @@ struct init {
 	int fifo, ino; // the script FIFO, and the watch that sees it opened
 	struct buffer code;
 	int code_given;
+	struct buffer feed; // what FEEDING writes: the code, or a session's call
+	int feed_fd;        // the FIFO, or cellw
+	// The driver's pipes (driver.py): its frames, and the calls of a
+	// session to it; -1 once closed.
+	int ctl, cellw;
+	struct buffer ctlbuf;
+	int persist;  // H_PERSIST: the interpreter lives on after each call
+	int live;     // H_LIVE: this call's stdout is watched
+	int valued;   // this call's I_RESULT was sent
+	int calls;    // a session's calls that ended
+	struct buffer cell_stdin; // a session's later call's stdin
 	int refused; // a frame of the call could not be taken: its code never runs
 	int sfd; // signals
-	struct buffer ctl; // what the host sent, not yet parsed
+	struct buffer host; // what the host sent, not yet parsed
 	struct scratch *scratch;
 	struct timespec t_started, t_exited;
 };
@@ -213,14 +225,23 @@ static void drop_privileges(const struct config *c) {
 // exec_code is the code's process from fork to exec: default signal
 // dispositions, an empty mask, the pipes as stdio, the first to die of
 // memory pressure, then the identity and the confinement.
-static void exec_code(const struct config *c, int in, int out, int err) {
+static void exec_code(const struct config *c, const int fds[5]) {
 	for (int s = 1; s < NSIG; s++)
 		signal(s, SIG_DFL);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
-	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
-		die("setting up stdio");
+	// Above every target first, so that no dup2 closes a source.
+	int high[5];
+	for (int i = 0; i < 5; i++) {
+		high[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 10);
+		if (high[i] < 0)
+			die("setting up stdio");
+	}
+	for (int i = 0; i < 5; i++) {
+		if (dup2(high[i], i) < 0)
+			die("setting up stdio");
+	}
 	if (c->process_mode)
 		setpgid(0, 0); // the code's own group, killed whole
 	int adj = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -228,7 +249,7 @@ static void exec_code(const struct config *c, int in, int out, int err) {
 		(void)!write(adj, "1000", 4); // the init outlives an OOM to report it
 		close(adj);
 	}
-	close_from(3);
+	close_from(DRIVER_CELL_FD + 1);
 	drop_privileges(c);
 	confine(c);
 	execve(c->argv.v[0], c->argv.v, environ);
@@ -237,19 +258,25 @@ static void exec_code(const struct config *c, int in, int out, int err) {
 
 // start_code spawns the interpreter on three fresh pipes.
 static void start_code(struct init *in) {
-	int pin[2], pout[2], perr[2];
-	if (pipe2(pin, O_CLOEXEC) < 0 || pipe2(pout, O_CLOEXEC) < 0 || pipe2(perr, O_CLOEXEC) < 0)
+	int pin[2], pout[2], perr[2], pctl[2], pcell[2];
+	if (pipe2(pin, O_CLOEXEC) < 0 || pipe2(pout, O_CLOEXEC) < 0 || pipe2(perr, O_CLOEXEC) < 0 ||
+	    pipe2(pctl, O_CLOEXEC) < 0 || pipe2(pcell, O_CLOEXEC) < 0)
 		die("creating pipes");
 	in->child = fork();
 	if (in->child < 0)
 		die("fork");
 	if (in->child == 0)
-		exec_code(&in->c, pin[0], pout[1], perr[1]);
+		exec_code(&in->c, (int[5]){pin[0], pout[1], perr[1], pctl[1], pcell[0]});
 	if (in->c.process_mode)
 		setpgid(in->child, in->child); // both sides, so that no kill can miss it
 	close(pin[0]);
 	close(pout[1]);
 	close(perr[1]);
+	close(pctl[1]);
+	close(pcell[0]);
+	in->ctl = pctl[0];
+	in->cellw = pcell[1];
+	fcntl(in->ctl, F_SETFL, O_NONBLOCK);
 	in->stdin_w = pin[1];
 	in->out = (struct stream){.fd = pout[0], .type = I_STDOUT};
 	in->err = (struct stream){.fd = perr[0], .type = I_STDERR};
@@ -285,6 +312,28 @@ static void on_input_file(struct init *in, const unsigned char *p, uint32_t len)
 
 // on_cpu: without a cgroup's quota, the code's CPU time is bounded per
 // process by RLIMIT_CPU: SIGXCPU at the call's seconds, SIGKILL one later.
+// cpu_seconds is the CPU time a process has used, rounded up: a session's
+// interpreter carries its earlier calls' time into each limit.
+static unsigned long long cpu_seconds(pid_t pid) {
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	char *p = strrchr(buf, ')');
+	unsigned long long ut = 0, st = 0;
+	// After the name: state (3), then fields 4 to 13, then utime, stime.
+	if (p == NULL || sscanf(p + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu", &ut, &st) != 2)
+		return 0;
+	long hz = sysconf(_SC_CLK_TCK);
+	return hz > 0 ? (ut + st + (unsigned long long)hz - 1) / (unsigned long long)hz : 0;
+}
+
 static void on_cpu(struct init *in, const unsigned char *p, uint32_t len) {
 	if (!in->c.process_mode || len == 0 || len >= 32 || in->child <= 0)
 		return;
@@ -295,6 +344,8 @@ static void on_cpu(struct init *in, const unsigned char *p, uint32_t len) {
 	unsigned long long secs = strtoull(num, &end, 10);
 	if (*end != '\0')
 		return;
+	if (in->calls > 0)
+		secs += cpu_seconds(in->child);
 	struct rlimit rl = {.rlim_cur = secs, .rlim_max = secs + 1};
 	prlimit(in->child, RLIMIT_CPU, &rl, NULL);
 }
@@ -303,7 +354,9 @@ static void dispatch(struct init *in, char type, const unsigned char *p, uint32_
 	switch (type) {
 	case H_FILE: on_input_file(in, p, len); break;
 	case H_STDIN:
-		if (in->stdin_w >= 0)
+		if (in->calls > 0)
+			buf_append(&in->cell_stdin, p, len);
+		else if (in->stdin_w >= 0)
 			buf_append(&in->stdin_buf, p, len);
 		break;
 	case H_STDIN_END: in->stdin_end = 1; break;
@@ -314,6 +367,12 @@ static void dispatch(struct init *in, char type, const unsigned char *p, uint32_
 		}
 		break;
 	case H_KILL: kill_code(in); break;
+	case H_PERSIST: in->persist = 1; break;
+	case H_LIVE: in->live = 1; break;
+	case H_INTERRUPT:
+		if (in->phase == RUNNING && in->child > 0)
+			kill(in->child, SIGINT);
+		break;
 	case H_CPU: on_cpu(in, p, len); break;
 	default:
 		in->refused = 1;
@@ -330,19 +389,19 @@ static void on_host(struct init *in, short revents) {
 		return;
 	if (r <= 0)
 		host_gone(in);
-	buf_append(&in->ctl, chunk, (size_t)r);
-	while (buf_pending(&in->ctl) >= 5) {
-		unsigned char *f = in->ctl.p + in->ctl.off;
+	buf_append(&in->host, chunk, (size_t)r);
+	while (buf_pending(&in->host) >= 5) {
+		unsigned char *f = in->host.p + in->host.off;
 		uint32_t len = get_u32(f + 1);
 		if (len > MAX_FRAME)
 			die_errno("reading a frame from the host", EMSGSIZE);
-		if (buf_pending(&in->ctl) < 5 + (size_t)len)
+		if (buf_pending(&in->host) < 5 + (size_t)len)
 			break;
 		dispatch(in, (char)f[0], f + 5, len);
-		in->ctl.off += 5 + (size_t)len;
+		in->host.off += 5 + (size_t)len;
 	}
-	if (buf_pending(&in->ctl) == 0)
-		buf_reset(&in->ctl);
+	if (buf_pending(&in->host) == 0)
+		buf_reset(&in->host);
 }
 
 // on_ready: the interpreter has opened its script: it is ready.
@@ -357,17 +416,62 @@ static void on_ready(struct init *in, short revents) {
 	frame(I_READY, NULL, 0);
 }
 
-// on_fifo feeds the code; once it is all in, closing the FIFO gives the
-// interpreter its EOF, and the code runs.
-static void on_fifo(struct init *in, short revents) {
+// on_feed feeds the code; once it is all in, the code runs. Closing the
+// FIFO gives the interpreter its EOF; the driver's pipe stays open for a
+// session's next call, and closes otherwise.
+static void on_feed(struct init *in, short revents) {
 	(void)revents;
-	if (buf_flush(&in->code, in->fifo) == 0 && buf_pending(&in->code) > 0)
+	if (buf_flush(&in->feed, in->feed_fd) == 0 && buf_pending(&in->feed) > 0)
 		return;
-	close(in->fifo);
-	in->fifo = -1;
+	buf_reset(&in->feed);
+	if (in->feed_fd == in->fifo) {
+		close(in->fifo);
+		in->fifo = -1;
+	}
+	if (!in->persist && in->cellw >= 0) {
+		close(in->cellw);
+		in->cellw = -1;
+	}
 	in->phase = RUNNING;
 	clock_gettime(CLOCK_MONOTONIC, &in->t_started);
 	frame(I_STARTED, NULL, 0);
+}
+
+// driver_flags are the call's options for the driver.
+static uint32_t driver_flags(const struct init *in) { return (in->persist ? OPT_PERSIST : 0) | (in->live ? OPT_LIVE : 0); }
+
+// feed_first: the script file, the options on the driver's pipe (it reads
+// them once its code is in), then the code into the FIFO.
+static void feed_first(struct init *in) {
+	write_script(in);
+	unsigned char o[9] = {D_OPTIONS};
+	put_u32(o + 1, 4);
+	put_u32(o + 5, driver_flags(in));
+	if (write_all(in->cellw, o, sizeof o) < 0) {
+		close(in->cellw); // the interpreter is gone: the code never runs
+		in->cellw = -1;
+	}
+	in->feed = in->code;
+	in->code = (struct buffer){0};
+	in->feed_fd = in->fifo;
+	in->phase = FEEDING;
+}
+
+// feed_next: a session's later call, as one frame on the driver's pipe.
+static void feed_next(struct init *in) {
+	size_t n = 8 + buf_pending(&in->cell_stdin) + buf_pending(&in->code);
+	unsigned char h[13] = {D_CELL};
+	put_u32(h + 1, (uint32_t)n);
+	put_u32(h + 5, driver_flags(in));
+	put_u32(h + 9, (uint32_t)buf_pending(&in->cell_stdin));
+	buf_append(&in->feed, h, sizeof h);
+	buf_append(&in->feed, in->cell_stdin.p, buf_pending(&in->cell_stdin));
+	buf_append(&in->feed, in->code.p, buf_pending(&in->code));
+	buf_reset(&in->cell_stdin);
+	buf_reset(&in->code);
+	fcntl(in->cellw, F_SETFL, O_NONBLOCK);
+	in->feed_fd = in->cellw;
+	in->phase = FEEDING;
 }
 
 static void close_stdin(struct init *in) {
@@ -384,26 +488,31 @@ static void on_stdin(struct init *in, short revents) {
 
 // drain reads a chunk of one output stream. Past the cap the bytes are
 // counted and dropped: the program is never blocked by its own output.
-static void drain(struct stream *s, uint64_t cap) {
+// It returns whether it read anything. Between a session's calls what the
+// code's leftovers write belongs to no call, and is dropped.
+static int drain(struct stream *s, uint64_t cap, int keep) {
 	unsigned char chunk[CHUNK];
 	ssize_t r = read(s->fd, chunk, sizeof chunk);
 	if (r < 0 && (errno == EINTR || errno == EAGAIN))
-		return;
+		return 0;
 	if (r <= 0) {
 		s->eof = 1;
 		close(s->fd);
-		return;
+		return 0;
 	}
+	if (!keep)
+		return 1;
 	uint64_t before = s->total;
 	s->total += (uint64_t)r;
 	if (before < cap) {
-		uint64_t keep = cap - before;
-		frame(s->type, chunk, (uint32_t)(keep < (uint64_t)r ? keep : (uint64_t)r));
+		uint64_t room = cap - before;
+		frame(s->type, chunk, (uint32_t)(room < (uint64_t)r ? room : (uint64_t)r));
 	}
+	return 1;
 }
 
-static void on_stdout(struct init *in, short revents) { (void)revents; drain(&in->out, in->c.max_output); }
-static void on_stderr(struct init *in, short revents) { (void)revents; drain(&in->err, in->c.max_output); }
+static void on_stdout(struct init *in, short revents) { (void)revents; drain(&in->out, in->c.max_output, in->phase != IDLE); }
+static void on_stderr(struct init *in, short revents) { (void)revents; drain(&in->err, in->c.max_output, in->phase != IDLE); }
 
 // on_signal reaps; the end of the code's main process ends the rest of
 // it. In the process runtime each death after that may hand the init more
@@ -432,6 +541,87 @@ static void on_signal(struct init *in, short revents) {
 		kill_code(in);
 }
 
+static void send_exit(struct init *in);
+
+// cell_done ends a session's call that the driver says is over: what the
+// call wrote before it said so is in the pipes (at most their capacity),
+// so it is taken, then the verdict and the files go, and the outputs dir
+// is emptied for the next call.
+static void cell_done(struct init *in, uint32_t status) {
+	clock_gettime(CLOCK_MONOTONIC, &in->t_exited);
+	for (int i = 0; i < 32 && !in->out.eof && drain(&in->out, in->c.max_output, 1); i++)
+		;
+	for (int i = 0; i < 32 && !in->err.eof && drain(&in->err, in->c.max_output, 1); i++)
+		;
+	if (in->stdin_w >= 0)
+		close_stdin(in);
+	in->status = (int)((status & 0xff) << 8);
+	in->exit_flags |= EXIT_CELL;
+	send_exit(in);
+	if (!outputs_empty(&in->c)) {
+		as_user(&in->c, export_outputs, NULL);
+		as_user(&in->c, empty_outputs, NULL);
+	}
+	frame(I_IDLE, NULL, 0);
+	in->out.total = in->err.total = 0;
+	in->exit_flags = 0;
+	in->code_given = in->refused = in->live = in->valued = 0;
+	in->t_started = (struct timespec){0};
+	in->calls++;
+	in->phase = IDLE;
+}
+
+// driver_frame takes one frame of the driver. The code could have written
+// it: nothing in it is more than the call's own output.
+static void driver_frame(struct init *in, char type, const unsigned char *p, uint32_t len) {
+	switch (type) {
+	case D_VALUE:
+		if ((in->phase == RUNNING || in->phase == EXITED) && !in->valued) {
+			in->valued = 1;
+			frame(I_RESULT, p, len < in->c.max_output ? len : (uint32_t)in->c.max_output);
+		}
+		break;
+	case D_DONE:
+		if (in->persist && in->phase == RUNNING && len == 4)
+			cell_done(in, get_u32(p));
+		break;
+	}
+}
+
+static void close_ctl(struct init *in) {
+	close(in->ctl);
+	in->ctl = -1;
+	buf_reset(&in->ctlbuf);
+}
+
+// on_ctl reads the driver's frames; a malformed one ends the listening.
+static void on_ctl(struct init *in, short revents) {
+	(void)revents;
+	unsigned char chunk[CHUNK];
+	ssize_t r = read(in->ctl, chunk, sizeof chunk);
+	if (r < 0 && (errno == EINTR || errno == EAGAIN))
+		return;
+	if (r <= 0) {
+		close_ctl(in);
+		return;
+	}
+	buf_append(&in->ctlbuf, chunk, (size_t)r);
+	while (in->ctl >= 0 && buf_pending(&in->ctlbuf) >= 5) {
+		unsigned char *f = in->ctlbuf.p + in->ctlbuf.off;
+		uint32_t len = get_u32(f + 1);
+		if (len > MAX_FRAME || (f[0] != D_VALUE && f[0] != D_DONE)) {
+			close_ctl(in);
+			return;
+		}
+		if (buf_pending(&in->ctlbuf) < 5 + (size_t)len)
+			break;
+		in->ctlbuf.off += 5 + (size_t)len;
+		driver_frame(in, (char)f[0], f + 5, len);
+	}
+	if (in->ctl >= 0 && buf_pending(&in->ctlbuf) == 0)
+		buf_reset(&in->ctlbuf);
+}
+
 // measure_scratch measures the work dir when one is due: after a change
 // (periodic 0), or at the poll's timeout (periodic 1).
 static void measure_scratch(struct init *in, int periodic) {
@@ -455,7 +645,9 @@ static int gather(struct init *in, struct source *s) {
 	if (in->phase == STARTING)
 		s[n++] = (struct source){in->ino, POLLIN, on_ready};
 	if (in->phase == FEEDING)
-		s[n++] = (struct source){in->fifo, POLLOUT, on_fifo};
+		s[n++] = (struct source){in->feed_fd, POLLOUT, on_feed};
+	if (in->ctl >= 0)
+		s[n++] = (struct source){in->ctl, POLLIN, on_ctl};
 	if (in->stdin_w >= 0 && buf_pending(&in->stdin_buf) > 0)
 		s[n++] = (struct source){in->stdin_w, POLLOUT, on_stdin};
 	if (!in->out.eof)
@@ -470,10 +662,10 @@ static int gather(struct init *in, struct source *s) {
 
 // advance takes the steps that follow from the state the handlers left.
 static void advance(struct init *in) {
-	if (in->phase == READY && in->code_given && !in->refused) {
-		write_script(in);
-		in->phase = FEEDING;
-	}
+	if (in->phase == READY && in->code_given && !in->refused)
+		feed_first(in);
+	if (in->phase == IDLE && in->code_given && !in->refused)
+		feed_next(in);
 	if (in->stdin_w >= 0 && in->stdin_end && buf_pending(&in->stdin_buf) == 0 && in->phase >= RUNNING)
 		close_stdin(in);
 }
@@ -481,9 +673,9 @@ static void advance(struct init *in) {
 // serve is the one loop: until the code has ended and its streams are
 // drained, wait for what the phase needs and hand each event on.
 static void serve(struct init *in) {
-	while (!(in->phase == EXITED && in->out.eof && in->err.eof)) {
-		struct source src[8];
-		struct pollfd p[8];
+	while (!(in->phase == EXITED && in->out.eof && in->err.eof && in->ctl < 0)) {
+		struct source src[10];
+		struct pollfd p[10];
 		int n = gather(in, src);
 		for (int i = 0; i < n; i++)
 			p[i] = (struct pollfd){.fd = src[i].fd, .events = src[i].events};
@@ -518,9 +710,8 @@ static void reap_all(struct init *in) {
 	}
 }
 
-// finish reports the verdict, then the output files, then done.
-static void finish(struct init *in) {
-	reap_all(in);
+// send_exit reports the verdict of the call.
+static void send_exit(struct init *in) {
 	unsigned char x[EXIT_FRAME_LEN];
 	put_u32(x, (uint32_t)in->status);
 	put_u64(x + 4, in->out.total);
@@ -531,13 +722,19 @@ static void finish(struct init *in) {
 	put_u64(x + 20, ran > 0 ? (uint64_t)ran : 0);
 	put_u32(x + 28, in->exit_flags);
 	frame(I_EXIT, x, sizeof x);
+}
+
+// finish reports the verdict, then the output files, then done.
+static void finish(struct init *in) {
+	reap_all(in);
+	send_exit(in);
 	if (!outputs_empty(&in->c))
 		as_user(&in->c, export_outputs, NULL);
 	frame(I_DONE, NULL, 0);
 }
 
 static int sandbox_init(void) {
-	struct init in = {.stdin_w = -1, .fifo = -1, .ino = -1, .phase = STARTING};
+	struct init in = {.stdin_w = -1, .fifo = -1, .ino = -1, .ctl = -1, .cellw = -1, .feed_fd = -1, .phase = STARTING};
 	guard(&in);
 	configure(&in);
 	catch_signals(&in);

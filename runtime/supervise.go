@@ -29,6 +29,10 @@ const (
 	// watchdogGrace is how far past its timeout the watchdog lets a call's
 	// code run before it kills the container itself.
 	watchdogGrace = killGrace + time.Second
+	// interruptGrace is how long a session's code has, after the
+	// KeyboardInterrupt of its timeout, to stop before its sandbox is
+	// killed.
+	interruptGrace = time.Second
 )
 
 // supervisionTimer can be turned off by a test, to play a server whose own
@@ -58,6 +62,20 @@ type event struct {
 	ran      time.Duration // exit: how long the code ran, by the init's clock
 	flags    uint32        // exit: exitFlags
 	msg      string
+	out      *callOutput // idle: the session's call's output
+}
+
+// callOutput is what the init sent of one call besides its verdict.
+type callOutput struct {
+	stdout, stderr *cappedBuffer
+	files          []File
+	skipped        bool
+	notes          []string
+	value          []byte
+}
+
+func newCallOutput() callOutput {
+	return callOutput{stdout: newCappedBuffer(maxFrame), stderr: newCappedBuffer(maxFrame)}
 }
 
 // initConn is the conversation with one sandbox's init (not an MCP
@@ -67,11 +85,11 @@ type initConn struct {
 	events chan event
 	diag   *cappedBuffer // the init's stderr
 
-	// Written by the reader until it sends its last event.
-	stdout, stderr *cappedBuffer
-	files          []File
-	skipped        bool
-	notes          []string
+	// mu guards the call's output, which the reader writes, and the
+	// watcher of the call's output.
+	mu   sync.Mutex
+	out  callOutput
+	live *Live
 
 	// wmu orders the writers: each writes its frames whole, the
 	// configuration first.
@@ -87,8 +105,7 @@ func newInitConn(to, from, diag *os.File) *initConn {
 		to:     to,
 		events: make(chan event, 64),
 		diag:   newCappedBuffer(64 << 10),
-		stdout: newCappedBuffer(maxFrame),
-		stderr: newCappedBuffer(maxFrame),
+		out:    newCallOutput(),
 	}
 	go drain(diag, s.diag, make(chan struct{}))
 	go s.read(from)
@@ -116,19 +133,28 @@ func (s *initConn) read(from *os.File) {
 			return
 		}
 		switch head[0] {
-		case iStdout:
-			s.stdout.Write(payload)
-		case iStderr:
-			s.stderr.Write(payload)
+		case iStdout, iStderr:
+			s.output(head[0], payload)
 		case iOutFile:
 			f, err := decodeFile(payload, true)
 			if err != nil {
 				s.events <- event{kind: iError, msg: err.Error()}
 				return
 			}
-			s.files = append(s.files, f)
+			s.mu.Lock()
+			s.out.files = append(s.out.files, f)
+			s.mu.Unlock()
 		case iSkipped:
-			s.skipped = true
+			s.mu.Lock()
+			s.out.skipped = true
+			s.mu.Unlock()
+		case iResult:
+			s.mu.Lock()
+			s.out.value = payload
+			s.mu.Unlock()
+		case iIdle:
+			out := s.take()
+			s.events <- event{kind: iIdle, at: time.Now(), out: &out}
 		case iExit:
 			if n != exitFrameLen {
 				s.events <- event{kind: iError, msg: fmt.Sprintf("the init sent an exit frame of %d bytes, want %d", n, exitFrameLen)}
@@ -138,15 +164,48 @@ func (s *initConn) read(from *os.File) {
 				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:])),
 				ran: time.Duration(binary.BigEndian.Uint64(payload[20:])), flags: binary.BigEndian.Uint32(payload[28:])}
 		case iNote:
-			if len(s.notes) < 16 {
-				s.notes = append(s.notes, string(payload[:min(len(payload), 1024)]))
+			s.mu.Lock()
+			if len(s.out.notes) < 16 {
+				s.out.notes = append(s.out.notes, string(payload[:min(len(payload), 1024)]))
 			}
+			s.mu.Unlock()
 		case iError:
 			s.events <- event{kind: iError, msg: string(payload)}
 		default:
 			s.events <- event{kind: head[0], at: time.Now()}
 		}
 	}
+}
+
+// output keeps a chunk of the call's stdout or stderr, and shows it to
+// whoever watches the call.
+func (s *initConn) output(typ byte, p []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if typ == iStdout {
+		s.out.stdout.Write(p)
+	} else {
+		s.out.stderr.Write(p)
+	}
+	if s.live != nil {
+		s.live.write(typ == iStderr, p)
+	}
+}
+
+// take returns the output of the call so far and starts the next one's.
+func (s *initConn) take() callOutput {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.out
+	s.out = newCallOutput()
+	return out
+}
+
+// watch has the call's output shown to live (nil: to nobody).
+func (s *initConn) watch(live *Live) {
+	s.mu.Lock()
+	s.live = live
+	s.mu.Unlock()
 }
 
 // decodeFile reads a file frame: a uint16 path length, the path, then (from
@@ -233,17 +292,28 @@ func (s *initConn) send(req Request) {
 		}
 		writeFrame(w, hStdinEnd)
 		writeFrame(w, hCPU, []byte(strconv.FormatInt(int64(math.Ceil(req.Timeout.Seconds())), 10)))
+		if req.Persistent {
+			writeFrame(w, hPersist)
+		}
+		if req.Live != nil {
+			writeFrame(w, hLive)
+		}
 		writeFrame(w, hCode, req.Code)
 		w.Flush()
 	}()
 }
 
 // kill asks the init to kill the code; its answer follows as usual.
-func (s *initConn) kill() {
+func (s *initConn) kill() { s.signal(hKill) }
+
+// interrupt asks the init to interrupt the code (KeyboardInterrupt).
+func (s *initConn) interrupt() { s.signal(hInterrupt) }
+
+func (s *initConn) signal(typ byte) {
 	go func() {
 		s.wmu.Lock()
 		defer s.wmu.Unlock()
-		s.to.Write(frame(hKill))
+		s.to.Write(frame(typ))
 	}()
 }
 
@@ -282,7 +352,10 @@ func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error 
 // failure describes what the init and the interpreter said before they
 // failed, for the operator's log.
 func (s *initConn) failure() string {
-	for _, b := range []*cappedBuffer{s.diag, s.stderr, s.stdout} {
+	s.mu.Lock()
+	out := s.out
+	s.mu.Unlock()
+	for _, b := range []*cappedBuffer{s.diag, out.stderr, out.stdout} {
 		if msg, _, _ := b.result(); len(msg) > 0 {
 			return lastLines(msg, 5)
 		}
@@ -294,12 +367,18 @@ func (s *initConn) failure() string {
 // counts the timeout from when the code has it, kills on timeout or
 // cancellation, and collects the verdict. The container's watchdog is told
 // the deadline past which it may kill the container itself. exited is
-// closed once the init has exited and been reaped.
-func supervise(ctx context.Context, c container, exited <-chan struct{}, s *initConn, req Request) (Result, error) {
-	var res Result
+// closed once the init has exited and been reaped. idle says a session's
+// sandbox took the call and waits for the next; otherwise it is over.
+//
+// A session's call is interrupted (KeyboardInterrupt) on timeout or
+// cancellation, and its sandbox killed only if the code is still running
+// interruptGrace later: code that stops keeps its session.
+func supervise(ctx context.Context, c container, exited <-chan struct{}, s *initConn, req Request) (res Result, idle bool, err error) {
 	if err := c.foreground(); err != nil {
-		return res, fmt.Errorf("%w: giving the sandbox a call's CPU weight: %w", ErrSandbox, err)
+		return res, false, fmt.Errorf("%w: giving the sandbox a call's CPU weight: %w", ErrSandbox, err)
 	}
+	s.watch(req.Live)
+	defer s.watch(nil)
 	s.send(req)
 
 	var (
@@ -307,6 +386,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 		timer     <-chan time.Time
 		grace     <-chan time.Time
 		exitEv    *event
+		out       *callOutput
 		cpu0      time.Duration
 		cpu1      time.Duration
 		ended     bool // the init's stdout ended, or it said it is done
@@ -315,6 +395,16 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 		initError string
 	)
 	stopTimer := func() {}
+	// stop ends the code: a session's by an interrupt first.
+	stop := func() {
+		if req.Persistent && exitEv == nil && !start.IsZero() {
+			s.interrupt()
+			grace = time.After(interruptGrace)
+			return
+		}
+		s.kill()
+		grace = time.After(killGrace)
+	}
 	var sockTick <-chan time.Time
 	if _, _, ok := c.sockets(); ok {
 		t := time.NewTicker(socketPoll)
@@ -355,6 +445,9 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 					initError = ev.msg
 					c.kill()
 				}
+			case iIdle:
+				// A session's call is over; its sandbox waits for the next.
+				out, idle, ended = ev.out, true, true
 			case iDone:
 				// The init has sent all there is: the result is complete
 				// without waiting for its exit, which teardown sees to.
@@ -365,32 +458,42 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 		case <-timer:
 			res.TimedOut = true
 			timer = nil
-			s.kill()
-			grace = time.After(killGrace)
+			stop()
 		case <-grace:
 			grace = nil
 			c.kill()
 		case <-ctx.Done():
 			ctxErr = ctx.Err()
-			c.kill()
 			ctx = context.Background()
+			if req.Persistent && grace == nil {
+				stop()
+			} else {
+				c.kill()
+			}
 		}
 	}
 	stopTimer()
-	s.closeInput()
-	if !done || c.waitsForExit() {
-		select {
-		case <-exited:
-		case <-time.After(teardownTimeout):
-			c.kill()
+	if idle {
+		c.deadline(time.Time{})
+	} else {
+		s.closeInput()
+		if !done || c.waitsForExit() {
+			select {
+			case <-exited:
+			case <-time.After(teardownTimeout):
+				c.kill()
+			}
 		}
+		o := s.take()
+		out = &o
 	}
 
-	res.Stdout, res.StdoutTruncated, res.StdoutBytes = s.stdout.result()
-	res.Stderr, res.StderrTruncated, res.StderrBytes = s.stderr.result()
+	res.Stdout, res.StdoutTruncated, res.StdoutBytes = out.stdout.result()
+	res.Stderr, res.StderrTruncated, res.StderrBytes = out.stderr.result()
 	res.Stdout, res.Stderr = capped(res.Stdout, req.MaxOutputBytes, &res.StdoutTruncated), capped(res.Stderr, req.MaxOutputBytes, &res.StderrTruncated)
-	res.Stderr = withNotes(res.Stderr, s.notes, req.MaxOutputBytes, &res.StderrTruncated)
-	res.Files, res.FilesTruncated = s.files, s.skipped
+	res.Stderr = withNotes(res.Stderr, out.notes, req.MaxOutputBytes, &res.StderrTruncated)
+	res.Files, res.FilesTruncated = out.files, out.skipped
+	res.Value = capped(out.value, req.MaxOutputBytes, &res.ValueTruncated)
 	killedForSockets := res.SocketsKilled
 	c.verdict(&res)
 	if killedForSockets {
@@ -406,11 +509,11 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 	}
 	switch {
 	case ctxErr != nil:
-		return res, ctxErr
+		return res, idle, ctxErr
 	case initError != "":
-		return res, fmt.Errorf("%w: %s", ErrSandbox, initError)
+		return res, false, fmt.Errorf("%w: %s", ErrSandbox, initError)
 	case start.IsZero():
-		return res, fmt.Errorf("%w: %w: %s", ErrSandbox, errNotStarted, s.failure())
+		return res, false, fmt.Errorf("%w: %w: %s", ErrSandbox, errNotStarted, s.failure())
 	case exitEv != nil:
 		ws := exitEv.status
 		res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))
@@ -425,7 +528,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 		res.Duration = time.Since(start)
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 	}
-	return res, nil
+	return res, idle, nil
 }
 
 // withNotes ends stderr with the init's notes for the caller, each on a
