@@ -56,7 +56,9 @@ def _save(figure):
         except FileExistsError:
             continue
         with f:
-            figure.savefig(f, format="png")
+            # Tight: nothing drawn past the figure edge (a long tick label)
+            # is cut off.
+            figure.savefig(f, format="png", bbox_inches="tight")
         return
 
 

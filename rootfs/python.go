@@ -54,7 +54,9 @@ func (py Interpreter) Key() string {
 // normalized.
 func (o Options) key(py Interpreter) string {
 	h := sha256.New()
-	for _, s := range []string{keyVersion, py.Path, py.Version, py.Hash, o.String()} {
+	// The backend's source too: an edit of it must not find a rootfs
+	// built with the old one.
+	for _, s := range []string{keyVersion, py.Path, py.Version, py.Hash, o.String(), matplotlibBackendSource} {
 		// The NUL separator keeps ("a", "bc") and ("ab", "c") apart.
 		io.WriteString(h, s)
 		h.Write([]byte{0})

@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -61,5 +62,45 @@ print(`+probePackage+`.VALUE, subprocess.run("echo shell | tr a-z A-Z", shell=Tr
 			t.Logf("%s: CSV in, pandas, chart out: call %v, CPU %v, peak %d MiB, PNG %d bytes",
 				kind, res.Duration.Round(time.Millisecond), res.CPUTime.Round(time.Millisecond), res.PeakMemoryBytes>>20, len(res.Files[0].Data))
 		})
+	}
+}
+
+// pngSize reads a PNG's width and height from its header.
+func pngSize(b []byte) (w, h int) {
+	if len(b) < 24 || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+		return 0, 0
+	}
+	return int(binary.BigEndian.Uint32(b[16:])), int(binary.BigEndian.Uint32(b[20:]))
+}
+
+// Images come back as a notebook shows them: a figure or a PIL image as
+// the last expression, Image.show(), and plt.show() with nothing cut off.
+func TestBatteriesImagesAsValues(t *testing.T) {
+	h := newHarness(t, runtime.Libcontainer, policy.DefaultLimits())
+	withBatteries(t, h)
+	files := func(res runtime.Result) map[string][]byte {
+		m := map[string][]byte{}
+		for _, f := range res.Files {
+			m[f.Path] = f.Data
+		}
+		return m
+	}
+	// A label below the axes, past the figure's 480 pixels: a tight
+	// bounding box keeps it.
+	res := h.mustRun("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\nfig.text(0.5, -0.3, 'below the figure')\nplt.show()")
+	if w, ht := pngSize(files(res)["figure-1.png"]); w == 0 || ht <= 480 {
+		t.Errorf("plt.show() with a label below: %dx%d, want it taller than 480 (%d files, stderr %s)", w, ht, len(res.Files), res.Stderr)
+	}
+	res = h.mustRun("import matplotlib.pyplot as plt\nfig = plt.figure()\nplt.plot([1, 3])\nfig")
+	if _, ok := files(res)["figure-1.png"]; !ok || len(res.Files) != 1 || !strings.HasPrefix(string(res.Value), "<Figure size") {
+		t.Errorf("a figure as the last expression: %d files, value %q, stderr %s", len(res.Files), res.Value, res.Stderr)
+	}
+	res = h.mustRun("from PIL import Image\nImage.new('RGB', (7, 5), 'red')")
+	if w, ht := pngSize(files(res)["image-1.png"]); w != 7 || ht != 5 || !strings.Contains(string(res.Value), "PIL.Image.Image image mode=RGB size=7x5") {
+		t.Errorf("a PIL image as the last expression: %dx%d, value %q, stderr %s", w, ht, res.Value, res.Stderr)
+	}
+	res = h.mustRun("from PIL import Image\nImage.new('L', (3, 2)).show()")
+	if w, ht := pngSize(files(res)["image-1.png"]); w != 3 || ht != 2 || len(res.Value) != 0 {
+		t.Errorf("Image.show(): %dx%d, value %q, stderr %s", w, ht, res.Value, res.Stderr)
 	}
 }

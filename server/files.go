@@ -52,6 +52,26 @@ func filesSchema(o Options) map[string]any {
 
 // validateFiles decodes the input files and checks them against the
 // limits; every message names files.
+// withoutDots drops the "." elements of a path ("./data.csv",
+// "a/./b"), as clients write them; ".." and the rest stay for the check.
+func withoutDots(p string) string {
+	if !strings.Contains(p, ".") {
+		return p
+	}
+	elems := strings.Split(p, "/")
+	kept := elems[:0]
+	for i, e := range elems {
+		if e == "." && (i > 0 || len(elems) > 1) {
+			continue
+		}
+		kept = append(kept, e)
+	}
+	if len(kept) == 0 {
+		return p
+	}
+	return strings.Join(kept, "/")
+}
+
 func (s *Server) validateFiles(in []inputFile) ([]runtime.File, error) {
 	if len(in) > s.opts.MaxFiles {
 		return nil, fmt.Errorf("files: %d files, over the limit of %d (MCP_EXEC_MAX_FILES)", len(in), s.opts.MaxFiles)
@@ -60,10 +80,10 @@ func (s *Server) validateFiles(in []inputFile) ([]runtime.File, error) {
 	seen := map[string]bool{}
 	out := make([]runtime.File, 0, len(in))
 	for i, f := range in {
-		if err := runtime.CheckRelPath(f.Path); err != nil {
+		clean := withoutDots(f.Path)
+		if err := runtime.CheckRelPath(clean); err != nil {
 			return nil, fmt.Errorf("files[%d].path %q: %v", i, f.Path, err)
 		}
-		clean := path.Clean(f.Path)
 		if clean == policy.OutputsName || strings.HasPrefix(clean, policy.OutputsName+"/") {
 			return nil, fmt.Errorf("files[%d].path %q: %s starts empty in every call; put input files elsewhere", i, f.Path, policy.OutputsDir)
 		}

@@ -18,6 +18,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	_ "embed"
@@ -50,6 +51,8 @@ type Engine interface {
 	Run(ctx context.Context, req runtime.Request) (runtime.Result, error)
 	// Info describes what a call gets, for the tool description.
 	Info() EngineInfo
+	// NewSession makes the sandbox of a persistent session.
+	NewSession(ctx context.Context) (Session, error)
 }
 
 // EngineInfo is what the tool description and the output's runtime field
@@ -84,6 +87,12 @@ type Options struct {
 	MaxQueued      int
 	// Progress is the interval of progress notifications.
 	Progress time.Duration
+	// PersistentMax persistent sessions are open at most (0: none);
+	// each ends after PersistentIdle without a call, or PersistentLifetime
+	// after it began.
+	PersistentMax      int
+	PersistentIdle     time.Duration
+	PersistentLifetime time.Duration
 
 	// Transport, AuthToken and the rest below configure the HTTP
 	// transports.
@@ -148,6 +157,12 @@ func (o Options) Validate() error {
 	if o.Progress <= 0 {
 		errs = append(errs, fmt.Errorf("{Progress} must be > 0, got %v", o.Progress))
 	}
+	if o.PersistentMax < 0 {
+		errs = append(errs, fmt.Errorf("{PersistentMax} must be ≥ 0, got %d", o.PersistentMax))
+	}
+	if o.PersistentMax > 0 && (o.PersistentIdle <= 0 || o.PersistentLifetime <= 0) {
+		errs = append(errs, errors.New("{PersistentIdle} and {PersistentLifetime} must be > 0 while persistent sessions are on"))
+	}
 	if o.Transport != Stdio {
 		switch {
 		case o.AuthToken == "":
@@ -195,6 +210,8 @@ type Server struct {
 	root    context.Context // done: the server is shutting down
 	closing bool
 	active  sync.WaitGroup
+
+	persist *sessions
 }
 
 // New returns a Server running calls on eng.
@@ -208,8 +225,10 @@ func New(eng Engine, opts Options) (*Server, error) {
 	if opts.SDKLogger == nil {
 		opts.SDKLogger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{eng: eng, info: eng.Info(), opts: opts, log: opts.Logger,
-		sem: make(chan struct{}, opts.MaxConcurrency), root: context.Background()}, nil
+	s := &Server{eng: eng, info: eng.Info(), opts: opts, log: opts.Logger,
+		sem: make(chan struct{}, opts.MaxConcurrency), root: context.Background()}
+	s.persist = newSessions(s)
+	return s, nil
 }
 
 // serving marks the start of serving under ctx: its end kills every call.
@@ -222,10 +241,12 @@ func (s *Server) serving(ctx context.Context) {
 // execInput is the exec tool's input. TimeoutS is a pointer so that an
 // explicit 0 is told apart from "not given", and refused.
 type execInput struct {
-	Code     string      `json:"code"`
-	Stdin    string      `json:"stdin,omitempty"`
-	TimeoutS *float64    `json:"timeout_s,omitempty"`
-	Files    []inputFile `json:"files,omitempty"`
+	Code       string      `json:"code"`
+	Stdin      string      `json:"stdin,omitempty"`
+	TimeoutS   *float64    `json:"timeout_s,omitempty"`
+	Files      []inputFile `json:"files,omitempty"`
+	Session    string      `json:"session,omitempty"`
+	EndSession bool        `json:"end_session,omitempty"`
 }
 
 // execOutput is the call's structuredContent. The contract's fields are
@@ -246,6 +267,9 @@ type execOutput struct {
 	Runtime         string       `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
 	Files           []outputFile `json:"files" jsonschema:"the regular files the code left under /tmp/outputs, each also a content block"`
 	FilesTruncated  bool         `json:"files_truncated" jsonschema:"a file under /tmp/outputs was left out for the file count or size limit"`
+	Result          string       `json:"result" jsonschema:"the repr of the value of the code's last statement when that is an expression and the value is not None, else empty"`
+	Session         string       `json:"session" jsonschema:"the persistent session's handle when the call ran in one, else empty"`
+	SessionEnded    string       `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, oom, exited, idle, lifetime or shutdown"`
 }
 
 // origin is what carried a call: Done of ctx means its client is gone (nil:
@@ -295,6 +319,14 @@ func (s *Server) tool() *mcp.Tool {
 						fmtSeconds(s.opts.MaxTimeout), fmtSeconds(s.opts.DefaultTimeout)),
 				},
 				"files": filesSchema(s.opts),
+				"session": map[string]any{
+					"type":        "string",
+					"description": `persistent session: "new" starts one and runs the code in it; the session handle of an earlier result runs the code there, with the variables, imports, working directory and /tmp the last call left. Omit for a fresh sandbox.`,
+				},
+				"end_session": map[string]any{
+					"type":        "boolean",
+					"description": "end the persistent session after this call (code may then be empty)",
+				},
 			},
 		},
 		Annotations: &mcp.ToolAnnotations{
@@ -311,7 +343,11 @@ func (s *Server) tool() *mcp.Tool {
 func (s *Server) description() string {
 	o, info := s.opts, s.info
 	var b strings.Builder
-	fmt.Fprintf(&b, "Run Python %s code in a fresh, locked-down sandbox: every call gets a new one, torn down afterwards, so nothing persists between calls. ", info.PythonVersion)
+	if o.PersistentMax > 0 {
+		fmt.Fprintf(&b, "Run Python %s code in a fresh, locked-down sandbox: every call gets a new one, torn down afterwards, so nothing persists between calls unless they share a persistent session (below). ", info.PythonVersion)
+	} else {
+		fmt.Fprintf(&b, "Run Python %s code in a fresh, locked-down sandbox: every call gets a new one, torn down afterwards, so nothing persists between calls. ", info.PythonVersion)
+	}
 	b.WriteString("The code runs as a script (__main__) and its stdout, stderr and exit code are returned; print what you want to see. ")
 	// The process runtime's call has no /tmp of its own: its working
 	// directory is, and the model must write there by relative paths.
@@ -341,7 +377,13 @@ func (s *Server) description() string {
 	fmt.Fprintf(&b, "Limits per call: %d MiB of memory, %d processes/threads, %s CPU; a wall-clock timeout of %s s by default, up to %s s with timeout_s; stdout and stderr are each cut at %d bytes; stdin up to %d bytes. ",
 		o.Limits.MemoryBytes/mib, o.Limits.Pids, strconv.FormatFloat(o.Limits.CPUs, 'f', -1, 64),
 		fmtSeconds(o.DefaultTimeout), fmtSeconds(o.MaxTimeout), o.MaxOutputBytes, o.MaxStdinBytes)
+	b.WriteString("If the code ends with an expression, its repr comes back as result, as in a notebook. ")
 	b.WriteString("A non-zero exit, a timeout or hitting the memory limit is a normal result (exit_code, timed_out, oom_killed), not an error.")
+	if o.PersistentMax > 0 {
+		fmt.Fprintf(&b, " To keep state between calls (load data once, then explore it), start a persistent session with session \"new\" and pass the returned session handle in later calls: they run one at a time in the same interpreter, like notebook cells; end_session: true ends it. "+
+			"A session has the same limits, its own sandbox, and ends after %s s without a call, %s s in all, on a timeout the code does not stop for (it gets KeyboardInterrupt first), on sys.exit() or at the memory limit; at most %d are open.",
+			fmtSeconds(o.PersistentIdle), fmtSeconds(o.PersistentLifetime), o.PersistentMax)
+	}
 	if info.Note != "" {
 		b.WriteString(" " + info.Note)
 	}
@@ -397,8 +439,11 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 			defer context.AfterFunc(o.ctx, cancel)()
 		}
 
-		res, timeout, err := s.exec(ctx, req, in)
+		res, timeout, so, err := s.exec(ctx, req, in, o.client)
 		rec.setResult(res, timeout, err)
+		if so.handle != "" {
+			rec.Session, rec.SessionEnded = sessionID(so.handle), so.ended
+		}
 		s.opts.Audit.write(rec)
 		s.log.Info("exec", "call", rec.CallID, "client", rec.Client, "code_bytes", rec.CodeBytes,
 			"stdin_bytes", rec.StdinBytes, "exit_code", res.ExitCode, "timed_out", res.TimedOut,
@@ -424,6 +469,7 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 			s.log.Error("exec teardown", "call", rec.CallID, "err", err)
 		}
 		out := outputOf(res, s.info.Runtime)
+		out.Session, out.SessionEnded = so.handle, so.ended
 		content := []mcp.Content{&mcp.TextContent{Text: summary(out, timeout, s.opts)}}
 		for i, f := range res.Files {
 			content = append(content, fileContent(f, out.Files[i].MIMEType))
@@ -432,32 +478,151 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 	}
 }
 
-// exec validates the input, waits for a free slot and runs the code.
-func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInput) (runtime.Result, time.Duration, error) {
-	timeout, err := s.validate(in)
-	if err != nil {
-		return runtime.Result{}, 0, &inputError{err}
+// sessionOut is what a call says of its persistent session.
+type sessionOut struct{ handle, ended string }
+
+// exec validates the input, waits for a free slot and runs the code: in a
+// fresh sandbox, or in the persistent session the input names.
+func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInput, client string) (runtime.Result, time.Duration, sessionOut, error) {
+	if in.Session != "" || in.EndSession {
+		return s.execInSession(ctx, req, in, client)
 	}
-	files, err := s.validateFiles(in.Files)
+	timeout, files, err := s.validateCall(in)
 	if err != nil {
-		return runtime.Result{}, 0, &inputError{err}
+		return runtime.Result{}, 0, sessionOut{}, err
 	}
 	var running atomic.Bool
-	defer s.progress(ctx, req, &running)()
+	live := s.live(req)
+	defer s.progress(ctx, req, &running, live)()
 
 	if err := s.acquire(ctx); err != nil {
-		return runtime.Result{}, timeout, err
+		return runtime.Result{}, timeout, sessionOut{}, err
 	}
 	defer func() { <-s.sem }()
 	running.Store(true)
-	res, err := s.eng.Run(ctx, runtime.Request{
+	res, err := s.eng.Run(ctx, s.request(in, files, timeout, live))
+	return res, timeout, sessionOut{}, err
+}
+
+// validateCall checks the code, stdin, timeout and files of a call.
+func (s *Server) validateCall(in execInput) (time.Duration, []runtime.File, error) {
+	timeout, err := s.validate(in)
+	if err != nil {
+		return 0, nil, &inputError{err}
+	}
+	files, err := s.validateFiles(in.Files)
+	if err != nil {
+		return 0, nil, &inputError{err}
+	}
+	return timeout, files, nil
+}
+
+func (s *Server) request(in execInput, files []runtime.File, timeout time.Duration, live *runtime.Live) runtime.Request {
+	return runtime.Request{
 		Code:           []byte(in.Code),
 		Stdin:          []byte(in.Stdin),
 		Files:          files,
 		Timeout:        timeout,
 		MaxOutputBytes: s.opts.MaxOutputBytes,
-	})
-	return res, timeout, err
+		Live:           live,
+	}
+}
+
+// live is where a call's output is shown as it comes, when its client
+// asked for progress.
+func (s *Server) live(req *mcp.CallToolRequest) *runtime.Live {
+	if req.Params.GetProgressToken() == nil || req.Session == nil {
+		return nil
+	}
+	return &runtime.Live{}
+}
+
+// execInSession runs a call in a persistent session: a new one, or the
+// one its handle names, after that session's earlier calls.
+func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in execInput, client string) (runtime.Result, time.Duration, sessionOut, error) {
+	var none sessionOut
+	fail := func(err error) (runtime.Result, time.Duration, sessionOut, error) {
+		return runtime.Result{}, 0, none, &inputError{err}
+	}
+	switch {
+	case in.Session == "":
+		return fail(errors.New(`end_session needs session: the handle of the persistent session to end`))
+	case s.opts.PersistentMax == 0:
+		return fail(errors.New("session: persistent sessions are off on this server (MCP_EXEC_PERSISTENT_MAX=0); call without session for a fresh sandbox"))
+	}
+	endOnly := in.EndSession && in.Code == ""
+	if endOnly && in.Session == "new" {
+		return fail(errors.New(`end_session with session "new" and no code: there is no session to end`))
+	}
+	var (
+		timeout time.Duration
+		files   []runtime.File
+		err     error
+	)
+	if !endOnly {
+		if timeout, files, err = s.validateCall(in); err != nil {
+			return runtime.Result{}, 0, none, err
+		}
+	}
+	var running atomic.Bool
+	live := s.live(req)
+	defer s.progress(ctx, req, &running, live)()
+	var h *held
+	if in.Session == "new" {
+		if err := s.persist.reserve(); err != nil {
+			return fail(err)
+		}
+	} else {
+		if h, err = s.persist.lookup(in.Session); err != nil {
+			return fail(err)
+		}
+		if err := s.persist.turn(ctx, h); err != nil {
+			if errors.Is(err, errBusy) || ctx.Err() != nil {
+				return runtime.Result{}, timeout, none, err
+			}
+			return fail(err)
+		}
+		if endOnly {
+			s.persist.release(h, endClosed)
+			return runtime.Result{}, 0, sessionOut{h.handle, endClosed}, nil
+		}
+	}
+
+	if err := s.acquire(ctx); err != nil {
+		if h == nil {
+			s.persist.unreserve()
+		} else {
+			s.persist.release(h, "")
+		}
+		return runtime.Result{}, timeout, none, err
+	}
+	defer func() { <-s.sem }()
+	running.Store(true)
+	if h == nil {
+		sess, err := s.eng.NewSession(ctx)
+		if err != nil {
+			s.persist.unreserve()
+			return runtime.Result{}, timeout, none, err
+		}
+		if h, err = s.persist.open(sess, client); err != nil {
+			return runtime.Result{}, timeout, none, err
+		}
+	}
+	res, err := h.sess.Run(ctx, s.request(in, files, timeout, live))
+	ended := string(res.Ended)
+	var gone *runtime.EndedError
+	switch {
+	case errors.As(err, &gone):
+		ended = string(gone.Reason)
+		err = &inputError{fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(ended, s.opts))}
+	case err != nil && ended == "":
+		// The sandbox could not run the call: the session goes with it.
+		ended = string(runtime.EndExited)
+	case ended == "" && in.EndSession:
+		ended = endClosed
+	}
+	s.persist.release(h, ended)
+	return res, timeout, sessionOut{h.handle, ended}, err
 }
 
 // acquire takes a slot, waiting for one when MaxQueued others do not wait
@@ -515,7 +680,7 @@ func (s *Server) validate(in execInput) (time.Duration, error) {
 // waits or runs, when the client asked for them with a progress token, so
 // that clients with a request timeout survive long runs. The returned stop
 // waits for the sender, so no notification follows the result.
-func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, running *atomic.Bool) (stop func()) {
+func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, running *atomic.Bool, live *runtime.Live) (stop func()) {
 	token := req.Params.GetProgressToken()
 	if token == nil || req.Session == nil {
 		return func() {}
@@ -538,6 +703,9 @@ func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, running
 			msg := fmt.Sprintf("waiting for a free slot (%d running at most) for %s", s.opts.MaxConcurrency, elapsed.Round(time.Second))
 			if running.Load() {
 				msg = fmt.Sprintf("running for %s", elapsed.Round(time.Second))
+				if newest := newestOutput(live); newest != "" {
+					msg += "; " + newest
+				}
 			}
 			err := req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
 				ProgressToken: token,
@@ -553,6 +721,24 @@ func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, running
 		close(done)
 		<-exited
 	}
+}
+
+// newestOutput is the last lines of a running call's newest output, for
+// a progress message: "stdout: …", or "" before any.
+func newestOutput(live *runtime.Live) string {
+	if live == nil {
+		return ""
+	}
+	stream, tail, seq := live.Last()
+	if seq == 0 {
+		return ""
+	}
+	// Whole lines where the tail was cut; whole characters in any case.
+	if i := bytes.IndexByte(tail, '\n'); i >= 0 && i < len(tail)-1 && len(tail) >= 300 {
+		tail = tail[i+1:]
+	}
+	text := strings.TrimRight(strings.ToValidUTF8(string(tail), ""), "\n")
+	return stream + ": " + text
 }
 
 // enter registers a call and returns the context whose end kills it,
@@ -574,6 +760,7 @@ func (s *Server) drain() {
 	s.closing = true
 	s.mu.Unlock()
 	s.active.Wait()
+	s.persist.closeAll()
 }
 
 func (s *Server) newRecord(client string, in execInput) auditRecord {
@@ -615,6 +802,7 @@ func outputOf(res runtime.Result, runtimeName string) execOutput {
 		StderrTruncated: res.StderrTruncated,
 		Truncated:       res.StdoutTruncated || res.StderrTruncated,
 		DurationMS:      ceilMS(res.Duration),
+		Result:          strings.ToValidUTF8(string(res.Value), "\uFFFD"),
 		CPUMS:           res.CPUTime.Milliseconds(),
 		PeakMemoryBytes: res.PeakMemoryBytes,
 		Runtime:         runtimeName,
@@ -650,7 +838,16 @@ func summary(out execOutput, timeout time.Duration, o Options) string {
 	if out.FilesTruncated {
 		fmt.Fprintf(&b, "; files left out of %s for the limits (%d files, %d bytes)", policy.OutputsDir, o.MaxFiles, o.MaxFileBytes)
 	}
+	if out.Session != "" {
+		fmt.Fprintf(&b, "; persistent session %s", out.Session)
+		if out.SessionEnded != "" {
+			fmt.Fprintf(&b, " ended (%s)", describeEnd(out.SessionEnded, o))
+		}
+	}
 	fmt.Fprintf(&b, " (%d ms)\n", out.DurationMS)
+	if out.Result != "" {
+		fmt.Fprintf(&b, "--- result ---\n%s\n", out.Result)
+	}
 	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {
 		if s.text == "" {
 			continue

@@ -38,6 +38,10 @@ type fakeEngine struct {
 	calls   atomic.Int64
 	// cancelled counts runs that ended because their context did.
 	cancelled atomic.Int64
+	sessions  atomic.Int64
+	mu        sync.Mutex
+	order     []string // the sessions' calls, as they ran
+	srv       *Server
 }
 
 func newFakeEngine() *fakeEngine {
@@ -114,6 +118,9 @@ func connect(t *testing.T, eng Engine, opts Options, copts *mcp.ClientOptions) (
 	s, err := New(eng, opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if f, ok := eng.(*fakeEngine); ok {
+		f.srv = s
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.serving(ctx)

@@ -43,13 +43,18 @@ type config struct {
 	MaxConcurrency int
 	MaxQueued      int
 	Progress       time.Duration
-	AuditLog       string
-	SessionIdle    time.Duration
-	MaxSessions    int
-	HTTPStateless  bool
-	StateDir       string
-	RunscPath      string
-	RunscPlatform  string
+	// Persistent sessions: at most PersistentMax (0: off), each ended
+	// after PersistentIdle without a call or PersistentLifetime in all.
+	PersistentMax      int
+	PersistentIdle     time.Duration
+	PersistentLifetime time.Duration
+	AuditLog           string
+	SessionIdle        time.Duration
+	MaxSessions        int
+	HTTPStateless      bool
+	StateDir           string
+	RunscPath          string
+	RunscPlatform      string
 	// Warnings are what loadConfig found worth saying but not refusing;
 	// serve logs them once its logger exists.
 	Warnings []string
@@ -57,20 +62,23 @@ type config struct {
 
 func defaultConfig() config {
 	return config{
-		Transport:      server.Stdio,
-		Addr:           "127.0.0.1:8080",
-		DefaultTimeout: 30 * time.Second,
-		MaxTimeout:     300 * time.Second,
-		CallCaps:       policy.DefaultCallCaps(),
-		Runtime:        runtime.Libcontainer,
-		Limits:         policy.DefaultLimits(),
-		MaxConcurrency: 2 * goruntime.NumCPU(),
-		MaxQueued:      4 * 2 * goruntime.NumCPU(),
-		Progress:       5 * time.Second,
-		SessionIdle:    600 * time.Second,
-		PoolSize:       -1,
-		MaxSessions:    1000,
-		StateDir:       runtime.DefaultStateDir,
+		Transport:          server.Stdio,
+		Addr:               "127.0.0.1:8080",
+		DefaultTimeout:     30 * time.Second,
+		MaxTimeout:         300 * time.Second,
+		CallCaps:           policy.DefaultCallCaps(),
+		Runtime:            runtime.Libcontainer,
+		Limits:             policy.DefaultLimits(),
+		MaxConcurrency:     2 * goruntime.NumCPU(),
+		MaxQueued:          4 * 2 * goruntime.NumCPU(),
+		Progress:           2 * time.Second,
+		PersistentMax:      8,
+		PersistentIdle:     600 * time.Second,
+		PersistentLifetime: 3600 * time.Second,
+		SessionIdle:        600 * time.Second,
+		PoolSize:           -1,
+		MaxSessions:        1000,
+		StateDir:           runtime.DefaultStateDir,
 	}
 }
 
@@ -123,6 +131,9 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_MAX_CONCURRENCY", "max-concurrency", "calls running at once; more wait their turn", integer(&c.MaxConcurrency, 1)},
 			setting{"MCP_EXEC_MAX_QUEUED", "max-queued", "calls waiting for a slot; one more is refused (default 4 × max-concurrency)", integer(&c.MaxQueued, 0)},
 			setting{"MCP_EXEC_PROGRESS_S", "progress", "interval of progress notifications in seconds", seconds(&c.Progress)},
+			setting{"MCP_EXEC_PERSISTENT_MAX", "persistent-max", "persistent sessions open at most (a sandbox each, kept between a caller's calls); 0 turns them off", integer(&c.PersistentMax, 0)},
+			setting{"MCP_EXEC_PERSISTENT_IDLE_S", "persistent-idle", "a persistent session without a call this long is ended", seconds(&c.PersistentIdle)},
+			setting{"MCP_EXEC_PERSISTENT_LIFETIME_S", "persistent-lifetime", "a persistent session is ended this long after it began", seconds(&c.PersistentLifetime)},
 			setting{"MCP_EXEC_AUDIT_LOG", "audit-log", "path of the audit log (JSON lines), or - for stderr", str(&c.AuditLog)},
 			setting{"MCP_EXEC_SESSION_IDLE_S", "session-idle", "an HTTP session idle this long is closed", seconds(&c.SessionIdle)},
 			setting{"MCP_EXEC_MAX_SESSIONS", "max-sessions", "HTTP sessions open at most; a new one closes the least recently used", integer(&c.MaxSessions, 1)},
@@ -253,19 +264,22 @@ func parsePoolSize(s string) (int, error) {
 // serverOptions are the server's part of the configuration.
 func (c *config) serverOptions() server.Options {
 	return server.Options{
-		DefaultTimeout: c.DefaultTimeout,
-		MaxTimeout:     c.MaxTimeout,
-		CallCaps:       c.CallCaps,
-		Limits:         c.Limits,
-		MaxConcurrency: c.MaxConcurrency,
-		MaxQueued:      c.MaxQueued,
-		Progress:       c.Progress,
-		Transport:      c.Transport,
-		AuthToken:      c.AuthToken,
-		SessionIdle:    c.SessionIdle,
-		MaxSessions:    c.MaxSessions,
-		Stateless:      c.HTTPStateless,
-		Version:        version,
+		DefaultTimeout:     c.DefaultTimeout,
+		MaxTimeout:         c.MaxTimeout,
+		CallCaps:           c.CallCaps,
+		Limits:             c.Limits,
+		MaxConcurrency:     c.MaxConcurrency,
+		MaxQueued:          c.MaxQueued,
+		Progress:           c.Progress,
+		PersistentMax:      c.PersistentMax,
+		PersistentIdle:     c.PersistentIdle,
+		PersistentLifetime: c.PersistentLifetime,
+		Transport:          c.Transport,
+		AuthToken:          c.AuthToken,
+		SessionIdle:        c.SessionIdle,
+		MaxSessions:        c.MaxSessions,
+		Stateless:          c.HTTPStateless,
+		Version:            version,
 	}
 }
 

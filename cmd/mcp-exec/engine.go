@@ -355,6 +355,23 @@ func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, 
 	return res, named(err)
 }
 
+// NewSession makes a persistent session's sandbox, through the pool.
+func (s *engine) NewSession(ctx context.Context) (server.Session, error) {
+	sess, err := s.pool.NewSession(ctx)
+	if err != nil {
+		return nil, named(err)
+	}
+	return engineSession{sess}, nil
+}
+
+// engineSession names the settings in a session's errors, as Run does.
+type engineSession struct{ *runtime.Session }
+
+func (s engineSession) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	res, err := s.Session.Run(ctx, req)
+	return res, named(err)
+}
+
 // Info describes the sandbox for the tool description.
 func (s *engine) Info() server.EngineInfo {
 	return server.EngineInfo{Runtime: string(s.rt.Kind()), PythonVersion: s.pythonVersion,

@@ -84,8 +84,12 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, rawSt
 		}
 	}()
 	eng.startPool(cfg)
+	// What the sandboxes may hold at most: the calls running at once and
+	// the persistent sessions, each up to the memory limit, beside the
+	// sandboxes the pool keeps ready.
 	log.Info("sandbox ready", "runtime", eng.Info().Runtime, "python", eng.pythonVersion, "max_concurrency", cfg.MaxConcurrency,
-		"pool", poolDesc(cfg.PoolSize))
+		"pool", poolDesc(cfg.PoolSize), "persistent_max", cfg.PersistentMax,
+		"sandbox_memory_max_mib", int64(cfg.MaxConcurrency+cfg.PersistentMax)*cfg.Limits.MemoryBytes/mib)
 
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
 		debug.SetMemoryLimit(server.MemoryTarget)

@@ -1,0 +1,237 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
+	"github.com/inhuman/mcp-exec/runtime"
+)
+
+// fakeSession keeps variables between calls, in the fake's language:
+//
+//	set:K=V   keep V under K
+//	get:K     stdout V
+//	quit      the interpreter exits (sys.exit)
+//	anything else runs as a fresh call of the fake engine
+type fakeSession struct {
+	eng  *fakeEngine
+	mu   sync.Mutex
+	vars map[string]string
+	// order records the calls' codes as they ran.
+	order  *[]string
+	done   chan struct{}
+	closed sync.Once
+	ended  runtime.EndReason
+}
+
+func (f *fakeEngine) NewSession(ctx context.Context) (Session, error) {
+	f.sessions.Add(1)
+	return &fakeSession{eng: f, vars: map[string]string{}, order: &f.order, done: make(chan struct{})}, nil
+}
+
+func (s *fakeSession) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	select {
+	case <-s.done:
+		return runtime.Result{}, &runtime.EndedError{Reason: runtime.EndExited}
+	default:
+	}
+	s.eng.mu.Lock()
+	*s.order = append(*s.order, string(req.Code))
+	s.eng.mu.Unlock()
+	cmd, arg, _ := strings.Cut(string(req.Code), ":")
+	res := runtime.Result{Duration: time.Millisecond}
+	switch cmd {
+	case "set":
+		k, v, _ := strings.Cut(arg, "=")
+		s.mu.Lock()
+		s.vars[k] = v
+		s.mu.Unlock()
+		res.Value = []byte(fmt.Sprintf("%q", v))
+	case "get":
+		s.mu.Lock()
+		res.Stdout = []byte(s.vars[arg])
+		s.mu.Unlock()
+	case "quit":
+		res.Ended = runtime.EndExited
+	default:
+		r, err := s.eng.Run(ctx, req)
+		if r.TimedOut {
+			r.Ended = runtime.EndTimeout
+		}
+		return r, err
+	}
+	return res, nil
+}
+
+func (s *fakeSession) Done() <-chan struct{}    { return s.done }
+func (s *fakeSession) Ended() runtime.EndReason { return "" }
+func (s *fakeSession) Close() error {
+	s.closed.Do(func() { close(s.done) })
+	return nil
+}
+
+// callErr runs exec and returns its isError text ("" when it is none).
+func callErr(t *testing.T, cs *mcp.ClientSession, args map[string]any) string {
+	t.Helper()
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: args})
+	if err != nil {
+		t.Fatalf("CallTool(%v): %v", args, err)
+	}
+	if !res.IsError {
+		return ""
+	}
+	return text(res)
+}
+
+func sessionOptions() Options {
+	o := testOptions()
+	o.PersistentMax, o.PersistentIdle, o.PersistentLifetime = 2, time.Minute, time.Hour
+	return o
+}
+
+func TestSessionLifecycle(t *testing.T) {
+	eng := newFakeEngine()
+	_, cs := connect(t, eng, sessionOptions(), nil)
+	out, res := call(t, cs, map[string]any{"code": "set:df=loaded", "session": "new"})
+	h := out.Session
+	if !handleRE.MatchString(h) || out.SessionEnded != "" || out.Result != `"loaded"` || !strings.Contains(text(res), "--- result ---\n\"loaded\"") {
+		t.Fatalf("new session: %+v\n%s", out, text(res))
+	}
+	if out, _ = call(t, cs, map[string]any{"code": "get:df", "session": h}); out.Stdout != "loaded" || out.Session != h {
+		t.Errorf("second call: %+v", out)
+	}
+	// A fresh call beside it is fresh, and says no session.
+	if out, _ = call(t, cs, map[string]any{"code": "print:x"}); out.Session != "" || out.SessionEnded != "" {
+		t.Errorf("a call without session: %+v", out)
+	}
+	// Another session does not see the first's variables.
+	other, _ := call(t, cs, map[string]any{"code": "get:df", "session": "new"})
+	if other.Stdout != "" || other.Session == h {
+		t.Errorf("another session: %+v", other)
+	}
+	// The maximum (2) is reached: a third "new" is refused, naming it.
+	if msg := callErr(t, cs, map[string]any{"code": "print:x", "session": "new"}); !strings.Contains(msg, "MCP_EXEC_PERSISTENT_MAX=2") {
+		t.Errorf("past the maximum: %q", msg)
+	}
+	if out, _ = call(t, cs, map[string]any{"code": "", "session": other.Session, "end_session": true}); out.SessionEnded != "closed" {
+		t.Errorf("end_session without code: %+v", out)
+	}
+	if msg := callErr(t, cs, map[string]any{"code": "get:df", "session": other.Session}); !strings.Contains(msg, "session") || !strings.Contains(msg, "closed") {
+		t.Errorf("an ended handle: %q", msg)
+	}
+	// The interpreter's exit ends it.
+	if out, _ = call(t, cs, map[string]any{"code": "quit", "session": h}); out.SessionEnded != "exited" {
+		t.Errorf("sys.exit: %+v", out)
+	}
+	if msg := callErr(t, cs, map[string]any{"code": "get:df", "session": h}); !strings.Contains(msg, "exited") {
+		t.Errorf("after the exit: %q", msg)
+	}
+	for _, bad := range []string{"ps_123", "x", "ps_" + strings.Repeat("g", 32)} {
+		if msg := callErr(t, cs, map[string]any{"code": "print:x", "session": bad}); !strings.HasPrefix(msg, "session: ") || !strings.Contains(msg, "not a session handle") {
+			t.Errorf("malformed %q: %q", bad, msg)
+		}
+	}
+	if msg := callErr(t, cs, map[string]any{"code": "print:x", "session": newHandle()}); !strings.Contains(msg, "no persistent session") {
+		t.Errorf("unknown handle: %q", msg)
+	}
+	if msg := callErr(t, cs, map[string]any{"code": "print:x", "end_session": true}); !strings.Contains(msg, "end_session needs session") {
+		t.Errorf("end_session alone: %q", msg)
+	}
+}
+
+func TestSessionsOff(t *testing.T) {
+	o := testOptions()
+	_, cs := connect(t, newFakeEngine(), o, nil)
+	if msg := callErr(t, cs, map[string]any{"code": "print:x", "session": "new"}); !strings.Contains(msg, "MCP_EXEC_PERSISTENT_MAX=0") {
+		t.Errorf("sessions off: %q", msg)
+	}
+}
+
+func TestSessionCallsTakeTurns(t *testing.T) {
+	eng := newFakeEngine()
+	_, cs := connect(t, eng, sessionOptions(), nil)
+	h := first(t, cs)
+	var wg sync.WaitGroup
+	// The first sleeps; the next arrive while it runs, in order.
+	wg.Go(func() { call(t, cs, map[string]any{"code": "sleep:300ms", "session": h}) })
+	testenv.Eventually(t, "the first call to run", func() bool { return eng.running.Load() == 1 })
+	for i := range 3 {
+		wg.Go(func() { call(t, cs, map[string]any{"code": fmt.Sprintf("set:k=%d", i), "session": h}) })
+		testenv.Eventually(t, "the call to wait its turn", func() bool { return waiting(eng, i+1) })
+	}
+	wg.Wait()
+	eng.mu.Lock()
+	defer eng.mu.Unlock()
+	want := []string{"set:a=1", "sleep:300ms", "set:k=0", "set:k=1", "set:k=2"}
+	if fmt.Sprint(eng.order) != fmt.Sprint(want) {
+		t.Errorf("calls ran in the order %q, want %q", eng.order, want)
+	}
+	if p := eng.peak.Load(); p != 1 {
+		t.Errorf("%d calls of one session ran at once", p)
+	}
+}
+
+func first(t *testing.T, cs *mcp.ClientSession) string {
+	out, _ := call(t, cs, map[string]any{"code": "set:a=1", "session": "new"})
+	return out.Session
+}
+
+// waiting: n calls wait for their turn in the server's one session.
+func waiting(eng *fakeEngine, n int) bool {
+	return eng.srv != nil && eng.srv.waiting.Load() == int64(n)
+}
+
+func TestSessionIdleAndLifetime(t *testing.T) {
+	o := sessionOptions()
+	o.PersistentIdle = 200 * time.Millisecond
+	srv, cs := connect(t, newFakeEngine(), o, nil)
+	h := first(t, cs)
+	// Asked without a call, which would keep it alive.
+	testenv.Eventually(t, "the idle session to end", func() bool {
+		_, err := srv.persist.lookup(h)
+		return err != nil
+	})
+	if msg := callErr(t, cs, map[string]any{"code": "get:a", "session": h}); !strings.Contains(msg, "idle") || !strings.Contains(msg, "MCP_EXEC_PERSISTENT_IDLE_S") {
+		t.Errorf("an idle session's handle: %q", msg)
+	}
+
+	o = sessionOptions()
+	o.PersistentLifetime = 300 * time.Millisecond
+	_, cs = connect(t, newFakeEngine(), o, nil)
+	h = first(t, cs)
+	testenv.Eventually(t, "the session to reach its lifetime", func() bool {
+		msg := callErr(t, cs, map[string]any{"code": "get:a", "session": h})
+		return strings.Contains(msg, "lifetime") && strings.Contains(msg, "MCP_EXEC_PERSISTENT_LIFETIME_S")
+	})
+}
+
+func TestSessionsEndAtShutdown(t *testing.T) {
+	eng := newFakeEngine()
+	s, err := New(eng, sessionOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, _ := eng.NewSession(context.Background())
+	s.persist.reserve()
+	h, err := s.persist.open(sess, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.persist.release(h, "")
+	s.drain()
+	if _, err := s.persist.lookup(h.handle); err == nil || !strings.Contains(err.Error(), "shutdown") {
+		t.Errorf("after shutdown: %v", err)
+	}
+	select {
+	case <-sess.Done():
+	default:
+		t.Error("the session's sandbox outlived the server's shutdown")
+	}
+}
