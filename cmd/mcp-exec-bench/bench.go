@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // Report is everything one run measured; --json writes it as is.
@@ -45,6 +47,7 @@ type RuntimeReport struct {
 	IdleMemory    *Memory      `json:"idle_memory,omitempty"`
 	Throughput    []Throughput `json:"throughput,omitempty"`
 	Packages      *Latency     `json:"packages,omitempty"`
+	Sessions      *Sessions    `json:"sessions,omitempty"`
 	StopError     string       `json:"stop_error,omitempty"`
 	// The baseline's figures, each measured right before the sandbox's
 	// that it is compared with.
@@ -175,6 +178,10 @@ func measureRuntime(ctx context.Context, o options, kind, python string, log io.
 		r.Latency = append(r.Latency, l)
 	}
 
+	if ctx.Err() == nil && len(r.Latency) > 0 {
+		r.Sessions = measureSessions(ctx, o, srv, r.Latency[0], log)
+	}
+
 	// Idle: warmed up, and given time for whatever the server does
 	// between calls to finish.
 	if !pause(ctx, o.Settle) {
@@ -257,4 +264,75 @@ func measurePackages(ctx context.Context, o options, kind, python string, log io
 		l.RatioP95 = ratio(l.P95MS, bare.P95MS)
 	}
 	return bare, &l
+}
+
+// Sessions is what persistent sessions cost: a call in a live session
+// against a fresh one, and the memory an idle session holds.
+type Sessions struct {
+	// Latency of print(1) in one live session; RatioToFresh its p50 over
+	// the fresh call's, measured just before.
+	Latency      Latency  `json:"latency"`
+	RatioToFresh *float64 `json:"ratio_to_fresh_p50,omitempty"`
+	// IdleSessions were opened, each after a call that set a variable:
+	// their sandboxes' peak memory as the kernel's cgroup counts it
+	// (mean), and how much the resident memory of the server's containers
+	// grew per session once they were idle.
+	IdleSessions    int    `json:"idle_sessions"`
+	PeakMemoryKB    int64  `json:"cgroup_peak_kb_mean"`
+	IdleRSSKBPerOne int64  `json:"idle_rss_kb_per_session"`
+	Error           string `json:"error,omitempty"`
+}
+
+// idleSessions is how many sessions the memory figure opens.
+const idleSessions = 4
+
+func measureSessions(ctx context.Context, o options, srv *server, fresh Latency, log io.Writer) *Sessions {
+	r := &Sessions{IdleSessions: idleSessions}
+	progress(log, "%s: persistent sessions: a call in a live one, and the memory of idle ones", fresh.Snippet)
+	open := func() (execOutput, error) {
+		return srv.exec(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "x = list(range(1000))", "session": "new"}})
+	}
+	end := func(h string) {
+		srv.exec(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "", "session": h, "end_session": true}})
+	}
+	first, err := open()
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r.Latency = measureLatency(ctx, printOne.Code+" (in a session)", o.N, o.Warmup, 0, srv.sessionCaller(printOne, first.Session))
+	if r.Latency.Summary != nil && fresh.Summary != nil {
+		r.RatioToFresh = ratio(r.Latency.P50MS, fresh.P50MS)
+	}
+	end(first.Session)
+
+	if !pause(ctx, o.Settle) {
+		return r
+	}
+	before, err := readMemory(srv.pid())
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	var handles []string
+	var peak int64
+	for range idleSessions {
+		out, err := open()
+		if err != nil {
+			r.Error = err.Error()
+			break
+		}
+		handles = append(handles, out.Session)
+		peak += out.PeakMemory
+	}
+	if len(handles) > 0 && pause(ctx, o.Settle) {
+		if after, err := readMemory(srv.pid()); err == nil {
+			r.IdleRSSKBPerOne = (after.ContainersKB - before.ContainersKB) / int64(len(handles))
+		}
+		r.PeakMemoryKB = peak / int64(len(handles)) >> 10
+	}
+	for _, h := range handles {
+		end(h)
+	}
+	return r
 }

@@ -95,6 +95,15 @@ func writeLatency(w io.Writer, rt RuntimeReport) {
 	if p := b.Packages; p != nil && p.Skipped != "" {
 		fmt.Fprintf(w, "  %s, bare: skipped: %s\n", p.Snippet, indent(p.Skipped, "    "))
 	}
+	if ss := rt.Sessions; ss != nil {
+		if l := ss.Latency; l.Summary != nil {
+			fmt.Fprintf(w, "  persistent session: %s p50 %s ms, p95 %s ms (%s the fresh call's p50); %d idle sessions: cgroup peak %s MiB each, containers' RSS +%s MiB each\n",
+				l.Snippet, fmtMS(l.P50MS), fmtMS(l.P95MS), fmtRatio(ss.RatioToFresh), ss.IdleSessions, fmtMB(ss.PeakMemoryKB), fmtMB(ss.IdleRSSKBPerOne))
+		}
+		if ss.Error != "" {
+			fmt.Fprintf(w, "  persistent session: %s\n", ss.Error)
+		}
+	}
 }
 
 func writeThroughput(w io.Writer, rt RuntimeReport) {

@@ -88,6 +88,8 @@ type execOutput struct {
 	OOMKilled  bool     `json:"oom_killed"`
 	DurationMS *float64 `json:"duration_ms"`
 	Runtime    string   `json:"runtime"`
+	Session    string   `json:"session"`
+	PeakMemory int64    `json:"peak_memory_bytes"`
 }
 
 // exec calls the exec tool with code and decodes what it returned. An
@@ -117,6 +119,25 @@ func (s *server) exec(ctx context.Context, params *mcp.CallToolParams) (execOutp
 // printed what it should and exited 0.
 func (s *server) caller(sn snippet) caller {
 	params := &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": sn.Code}}
+	return func(ctx context.Context) (outcome, error) {
+		out, err := s.exec(ctx, params)
+		if err != nil {
+			return outcome{}, err
+		}
+		if err := check(out, sn.Stdout); err != nil {
+			return outcome{}, err
+		}
+		o := outcome{runtime: out.Runtime}
+		if out.DurationMS != nil {
+			o.durationMS, o.hasDur = *out.DurationMS, true
+		}
+		return o, nil
+	}
+}
+
+// sessionCaller is caller in the persistent session handle.
+func (s *server) sessionCaller(sn snippet, handle string) caller {
+	params := &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": sn.Code, "session": handle}}
 	return func(ctx context.Context) (outcome, error) {
 		out, err := s.exec(ctx, params)
 		if err != nil {
