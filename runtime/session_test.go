@@ -131,6 +131,15 @@ func TestSessionTimeout(t *testing.T) {
 		if res = s.run("y"); string(res.Value) != "7" {
 			t.Errorf("after the interrupt: value %q, stderr %s", res.Value, res.Stderr)
 		}
+		// A cancelled call is interrupted too, and its session lives on.
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(500*time.Millisecond, cancel)
+		if _, err := s.Run(ctx, runtime.Request{Code: []byte("import time\ntime.sleep(60)"), Timeout: time.Minute, MaxOutputBytes: 1 << 20}); !errors.Is(err, context.Canceled) {
+			t.Errorf("a cancelled call: %v, want context.Canceled", err)
+		}
+		if res = s.run("y + 1"); string(res.Value) != "8" || res.Ended != "" {
+			t.Errorf("after the cancelled call: value %q, ended %q, stderr %s", res.Value, res.Ended, res.Stderr)
+		}
 		// Code that catches it is killed a moment later, and the session
 		// with it.
 		start := time.Now()

@@ -615,7 +615,7 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 	case errors.As(err, &gone):
 		ended = string(gone.Reason)
 		err = &inputError{fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(ended, s.opts))}
-	case err != nil && ended == "":
+	case errors.Is(err, runtime.ErrSandbox) && ended == "":
 		// The sandbox could not run the call: the session goes with it.
 		ended = string(runtime.EndExited)
 	case ended == "" && in.EndSession:

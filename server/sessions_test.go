@@ -2,7 +2,10 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -233,5 +236,58 @@ func TestSessionsEndAtShutdown(t *testing.T) {
 	case <-sess.Done():
 	default:
 		t.Error("the session's sandbox outlived the server's shutdown")
+	}
+}
+
+func TestSessionAudit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	audit, err := OpenAudit(path, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer audit.Close()
+	opts := sessionOptions()
+	opts.Audit = audit
+	_, cs := connect(t, newFakeEngine(), opts, nil)
+	out, _ := call(t, cs, map[string]any{"code": "set:a=1", "session": "new"})
+	call(t, cs, map[string]any{"code": "get:a", "session": out.Session, "end_session": true})
+
+	data, _ := os.ReadFile(path)
+	if strings.Contains(string(data), out.Session) {
+		t.Errorf("the audit log holds a session handle, which lets its reader in: %s", data)
+	}
+	var events []string
+	id := sessionID(out.Session)
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var r auditRecord
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Session != id {
+			t.Errorf("a record of the session names %q, want its digest %q: %s", r.Session, id, line)
+		}
+		events = append(events, r.Event+"/"+r.SessionEnded)
+	}
+	// The start, the first call, then the end, written as the second call
+	// ends it, before that call's record.
+	if want := []string{"session_start/", "/", "session_end/closed", "/closed"}; fmt.Sprint(events) != fmt.Sprint(want) {
+		t.Errorf("audit events %q, want %q", events, want)
+	}
+}
+
+func TestDescriptionSessions(t *testing.T) {
+	on, err := New(newFakeEngine(), sessionOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := on.description(); !strings.Contains(d, `session "new"`) || !strings.Contains(d, "end_session") || !strings.Contains(d, "at most 2 are open") || !strings.Contains(d, "KeyboardInterrupt") {
+		t.Errorf("the description does not say how to use persistent sessions: %s", d)
+	}
+	off, err := New(newFakeEngine(), testOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := off.description(); strings.Contains(d, "persistent session") {
+		t.Errorf("sessions are off, yet the description offers them: %s", d)
 	}
 }
