@@ -9,8 +9,10 @@ import sys
 
 _SCRIPT = sys.argv[1]
 sys.argv = [_SCRIPT]
-# As for a script: its dir first on the path, not the working dir (/tmp).
-sys.path[0] = os.path.dirname(os.path.abspath(_SCRIPT))
+# As for a script: its dir first on the path, not the working dir (/tmp)
+# that -c puts there (nothing, under -P or PYTHONSAFEPATH).
+if sys.path and sys.path[0] == "":
+    sys.path[0] = os.path.dirname(os.path.abspath(_SCRIPT))
 
 
 def _driver():

@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -95,6 +96,12 @@ func TestSessionKeepsState(t *testing.T) {
 		res = s.run("import os\nprint(open('../in.txt').read(), os.listdir('../outputs'), sys.stdin.read() == '')")
 		if string(res.Stdout) != "in [] True\n" || len(res.Files) != 0 {
 			t.Errorf("fourth call: stdout %q, files %v; stderr %s", res.Stdout, res.Files, res.Stderr)
+		}
+		// A call larger than a pipe holds, with its stdin.
+		big := strings.Repeat("a", 300<<10)
+		res = s.run("import sys\nbig = '"+big+"'\nlen(big) + len(sys.stdin.read())", withStdin([]byte(big)))
+		if string(res.Value) != fmt.Sprint(2*len(big)) {
+			t.Errorf("a large call: value %q, stderr %.300s", res.Value, res.Stderr)
 		}
 		// A traceback points at the call's own lines; an exception keeps
 		// the session.
