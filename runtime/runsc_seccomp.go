@@ -27,8 +27,9 @@ func gvisorMounts(ms []specs.Mount) []specs.Mount {
 }
 
 // gvisorSeccomp returns the bundle's seccomp section as this runsc can
-// apply it with --oci-seccomp. It changes one thing: runsc before 2023
-// ignores a rule's errnoRet and answers EPERM, so a rule that asks for
+// apply it with --oci-seccomp. It changes one thing: runsc ignores a
+// rule's errnoRet and answers EPERM (Debian's 2022 runsc, and still the
+// 2026-09 one: runsc/specutils/seccomp), so a rule that asks for
 // ENOSYS (clone3, so that the C library falls back to clone, whose flags
 // the filter can check) would answer EPERM and break every thread start.
 // Where gVisor's own kernel answers ENOSYS for that syscall — its syscall

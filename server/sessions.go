@@ -118,7 +118,7 @@ func (ss *sessions) open(sess Session, client string) (*held, error) {
 	if ss.closed {
 		ss.mu.Unlock()
 		sess.Close()
-		return nil, errors.New("the server is shutting down")
+		return nil, fmt.Errorf("%w: the server is shutting down", runtime.ErrSandbox)
 	}
 	ss.live[h.handle] = h
 	ss.mu.Unlock()
