@@ -307,7 +307,10 @@ static void on_input_file(struct init *in, const unsigned char *p, uint32_t len)
 	else
 		snprintf(what, sizeof what, "writing input file %s", path);
 	in->refused = 1;
-	report(I_ERROR, what, e);
+	// A session's later call that cannot have its files (the session
+	// filled /tmp) fails as a call, not as the sandbox: the session stays.
+	int mine = in->calls > 0 && path[0] != '\0' && !in->code_given;
+	report(mine ? I_NOTE : I_ERROR, what, e);
 }
 
 // on_cpu: without a cgroup's quota, the code's CPU time is bounded per
@@ -547,6 +550,8 @@ static void send_exit(struct init *in);
 // call wrote before it said so is in the pipes (at most their capacity),
 // so it is taken, then the verdict and the files go, and the outputs dir
 // is emptied for the next call.
+static void end_call(struct init *in, uint32_t status);
+
 static void cell_done(struct init *in, uint32_t status) {
 	clock_gettime(CLOCK_MONOTONIC, &in->t_exited);
 	for (int i = 0; i < 32 && !in->out.eof && drain(&in->out, in->c.max_output, 1); i++)
@@ -555,6 +560,22 @@ static void cell_done(struct init *in, uint32_t status) {
 		;
 	if (in->stdin_w >= 0)
 		close_stdin(in);
+	end_call(in, status);
+}
+
+// skip_call ends a session's call whose files could not be written
+// without running its code: exit status 1, the reason in a note.
+static void skip_call(struct init *in) {
+	clock_gettime(CLOCK_MONOTONIC, &in->t_started);
+	in->t_exited = in->t_started;
+	frame(I_STARTED, NULL, 0);
+	buf_reset(&in->code);
+	buf_reset(&in->cell_stdin);
+	end_call(in, 1);
+}
+
+// end_call reports a session's call and readies the init for the next.
+static void end_call(struct init *in, uint32_t status) {
 	in->status = (int)((status & 0xff) << 8);
 	in->exit_flags |= EXIT_CELL;
 	send_exit(in);
@@ -666,6 +687,8 @@ static void advance(struct init *in) {
 		feed_first(in);
 	if (in->phase == IDLE && in->code_given && !in->refused)
 		feed_next(in);
+	if (in->phase == IDLE && in->code_given && in->refused)
+		skip_call(in);
 	if (in->stdin_w >= 0 && in->stdin_end && buf_pending(&in->stdin_buf) == 0 && in->phase >= RUNNING)
 		close_stdin(in);
 }

@@ -175,3 +175,26 @@ func TestSessionOOMEnds(t *testing.T) {
 		})
 	}
 }
+
+// A session that filled its /tmp gets an ordinary failed call for files
+// that do not fit, and keeps its state.
+func TestSessionFullTmpKeepsSession(t *testing.T) {
+	testenv.Real(t)
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			h := newHarness(t, kind, policy.DefaultLimits())
+			s := h.newSession()
+			fill := ("kept = 5\nf = open('fill', 'wb')\ntry:\n    while True:\n        f.write(b'x' * 65536)\n        f.flush()\nexcept OSError:\n    pass\n'full'")
+			if res := s.run(fill); string(res.Value) != "'full'" {
+				t.Fatalf("filling /tmp: value %q, stderr %s", res.Value, res.Stderr)
+			}
+			res := s.run("print('ran')", withFiles(runtime.File{Path: "in.bin", Data: make([]byte, 1<<20)}))
+			if res.ExitCode != 1 || res.Ended != "" || len(res.Stdout) != 0 || !strings.Contains(string(res.Stderr), "writing input file in.bin") {
+				t.Errorf("files into a full /tmp: exit %d, ended %q, stdout %q, stderr %s", res.ExitCode, res.Ended, res.Stdout, res.Stderr)
+			}
+			if res = s.run("import os\nos.remove('fill')\nkept"); string(res.Value) != "5" {
+				t.Errorf("after the failed call: value %q, stderr %s", res.Value, res.Stderr)
+			}
+		})
+	}
+}
