@@ -161,3 +161,26 @@ func TestCancelKillsAtOnce(t *testing.T) {
 		}
 	})
 }
+
+// The driver is invisible to code that looks at how it was run: a fresh
+// call is a script, as python3 /code/main.py would run it.
+func TestCodeRunsAsAScript(t *testing.T) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+		if h.session {
+			t.Skip("a session's later calls are cells, not scripts (TestSessionKeepsState)")
+		}
+		res := h.mustRun(`import os, signal, sys, __main__
+print(__name__, os.path.basename(__file__), os.path.basename(sys.argv[0]), len(sys.argv),
+      sys.path[0] == os.path.dirname(os.path.abspath(__file__)), __main__.__dict__ is globals(),
+      signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+def f():
+    raise ValueError("x")
+f()`)
+		if got := string(res.Stdout); got != "__main__ main.py main.py 1 True True True\n" {
+			t.Errorf("stdout %q, stderr %s", got, res.Stderr)
+		}
+		if tb := string(res.Stderr); res.ExitCode != 1 || !strings.HasPrefix(tb, "Traceback (most recent call last):\n  File \"") || !strings.Contains(tb, "main.py\", line 7, in <module>") || strings.Contains(tb, "<string>") {
+			t.Errorf("exit %d, traceback %s", res.ExitCode, tb)
+		}
+	})
+}

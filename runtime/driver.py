@@ -65,7 +65,6 @@ def _driver():
         if running:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, interrupt)
 
     def viewer(module):
         # PIL's Image.show() saves the image where a desktop would open it.
@@ -175,6 +174,10 @@ def _driver():
         source = f.read()
     kind, body = next_frame()
     persist = options(int.from_bytes(body[:4], "big")) if kind == b"@D_OPTIONS@" else 0
+    if persist:
+        # A session's timeout is a SIGINT; a fresh call keeps Python's own
+        # handler.
+        signal.signal(signal.SIGINT, interrupt)
     n = 1
     while True:
         running = True
