@@ -335,7 +335,7 @@ var protocol = []protoDef{
 	{"I_NOTE", byte(iNote), "a note for the caller, added to the stderr"},
 	{"I_DONE", byte(iDone), "all is sent: the init exits"},
 	{"I_ERROR", byte(iError), "the sandbox could not do what was asked: message"},
-	{"I_RESULT", byte(iResult), "the repr of the code's last expression, within the cap"},
+	{"I_RESULT", byte(iResult), "the repr of the code's last expression, one byte past the cap at most"},
 	{"I_IDLE", byte(iIdle), "a session's call is over, all of it sent: the next may come"},
 	{"CFG_UID", cfgUID, "number: the code's uid"},
 	{"CFG_GID", cfgGID, "number: the code's gid"},

@@ -39,7 +39,7 @@
 #define I_NOTE               'N'                    // a note for the caller, added to the stderr
 #define I_DONE               'D'                    // all is sent: the init exits
 #define I_ERROR              'W'                    // the sandbox could not do what was asked: message
-#define I_RESULT             'V'                    // the repr of the code's last expression, within the cap
+#define I_RESULT             'V'                    // the repr of the code's last expression, one byte past the cap at most
 #define I_IDLE               'Z'                    // a session's call is over, all of it sent: the next may come
 #define CFG_UID              1                      // number: the code's uid
 #define CFG_GID              2                      // number: the code's gid

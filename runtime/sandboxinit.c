@@ -599,7 +599,9 @@ static void driver_frame(struct init *in, char type, const unsigned char *p, uin
 	case D_VALUE:
 		if ((in->phase == RUNNING || in->phase == EXITED) && !in->valued) {
 			in->valued = 1;
-			frame(I_RESULT, p, len < in->c.max_output ? len : (uint32_t)in->c.max_output);
+			// One byte past the cap, so that the host can tell a cut.
+			uint64_t room = in->c.max_output + 1;
+			frame(I_RESULT, p, len < room ? len : (uint32_t)room);
 		}
 		break;
 	case D_DONE:

@@ -97,6 +97,13 @@ func TestSessionKeepsState(t *testing.T) {
 		if string(res.Stdout) != "in [] True\n" || len(res.Files) != 0 {
 			t.Errorf("fourth call: stdout %q, files %v; stderr %s", res.Stdout, res.Files, res.Stderr)
 		}
+		// A result past the cap is cut, and says so.
+		if res = s.run("'y' * 5000", withMaxOutput(1000)); len(res.Value) != 1000 || !res.ValueTruncated {
+			t.Errorf("a long result: %d bytes, truncated %v", len(res.Value), res.ValueTruncated)
+		}
+		if res = s.run("'y' * 998", withMaxOutput(1000)); len(res.Value) != 1000 || res.ValueTruncated {
+			t.Errorf("a result at the cap: %d bytes, truncated %v", len(res.Value), res.ValueTruncated)
+		}
 		// A call larger than a pipe holds, with its stdin.
 		big := strings.Repeat("a", 300<<10)
 		res = s.run("import sys\nbig = '"+big+"'\nlen(big) + len(sys.stdin.read())", withStdin([]byte(big)))

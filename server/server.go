@@ -267,7 +267,8 @@ type execOutput struct {
 	Runtime         string       `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
 	Files           []outputFile `json:"files" jsonschema:"the regular files the code left under /tmp/outputs, each also a content block"`
 	FilesTruncated  bool         `json:"files_truncated" jsonschema:"a file under /tmp/outputs was left out for the file count or size limit"`
-	Result          string       `json:"result" jsonschema:"the repr of the value of the code's last statement when that is an expression and the value is not None, else empty"`
+	Result          string       `json:"result" jsonschema:"the repr of the value of the code's last statement when that is an expression and the value is not None, else empty; at most the output cap"`
+	ResultTruncated bool         `json:"result_truncated" jsonschema:"result went past the output cap and was cut"`
 	Session         string       `json:"session" jsonschema:"the persistent session's handle when the call ran in one, else empty"`
 	SessionEnded    string       `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, oom, exited, idle, lifetime or shutdown"`
 }
@@ -803,6 +804,7 @@ func outputOf(res runtime.Result, runtimeName string) execOutput {
 		Truncated:       res.StdoutTruncated || res.StderrTruncated,
 		DurationMS:      ceilMS(res.Duration),
 		Result:          strings.ToValidUTF8(string(res.Value), "\uFFFD"),
+		ResultTruncated: res.ValueTruncated,
 		CPUMS:           res.CPUTime.Milliseconds(),
 		PeakMemoryBytes: res.PeakMemoryBytes,
 		Runtime:         runtimeName,
@@ -827,6 +829,9 @@ func summary(out execOutput, timeout time.Duration, o Options) string {
 	}
 	if out.StderrTruncated {
 		fmt.Fprintf(&b, "; stderr truncated at %d bytes", o.MaxOutputBytes)
+	}
+	if out.ResultTruncated {
+		fmt.Fprintf(&b, "; result truncated at %d bytes", o.MaxOutputBytes)
 	}
 	if n := len(out.Files); n > 0 {
 		paths := make([]string, n)
