@@ -181,6 +181,17 @@ func measureRuntime(ctx context.Context, o options, kind, python string, log io.
 	if ctx.Err() == nil && len(r.Latency) > 0 {
 		r.Sessions = measureSessions(ctx, o, srv, r.Latency[0], log)
 	}
+	if ctx.Err() == nil {
+		progress(log, "%s: latency of 20,000 os.stat, bare then sandbox", kind)
+		n := min(o.N, syscallCalls)
+		b := measureLatency(ctx, "20,000 os.stat", n, 1, 0, pythonCaller(python, syscallHeavy))
+		l := measureLatency(ctx, "20,000 os.stat", n, 1, 0, srv.caller(syscallHeavy))
+		if l.Summary != nil && b.Summary != nil {
+			l.RatioP50, l.RatioP95 = ratio(l.P50MS, b.P50MS), ratio(l.P95MS, b.P95MS)
+		}
+		r.Bare.Latency = append(r.Bare.Latency, b)
+		r.Latency = append(r.Latency, l)
+	}
 
 	// Idle: warmed up, and given time for whatever the server does
 	// between calls to finish.

@@ -60,7 +60,7 @@ func TestRun(t *testing.T) {
 		t.Fatalf("mcp-exec-bench %s: exit status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, &stdout, &stderr)
 	}
 	t.Logf("the table:\n%s", &stdout)
-	for _, want := range []string{"host ", "load ", "baseline ", "== libcontainer", "print(1)", "import json, re, decimal, sqlite3", "concurrency 8", "×"} {
+	for _, want := range []string{"host ", "load ", "baseline ", "== libcontainer", "print(1)", "import json, re, decimal, sqlite3", "20,000 os.stat", "persistent session: ", "concurrency 8", "×"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("the table has no %q", want)
 		}
@@ -93,8 +93,9 @@ func TestRun(t *testing.T) {
 		}
 		measured[kind] = true
 		j.has(r, "server_version", "start_s", "python_version", "latency", "idle_memory", "throughput", "packages")
-		// Two snippets back to back, and print(1) paced.
-		for _, l := range j.list(r, "latency", 3) {
+		// Two snippets back to back, print(1) paced, and the syscall-heavy
+		// program.
+		for _, l := range j.list(r, "latency", 4) {
 			j.has(l, "snippet", "n", "errors", "p50_ms", "p95_ms", "mean_ms", "min_ms", "ratio_p50", "ratio_p95", "duration_ms_mean", "runtime_seen")
 			j.equal(l, "n", 3.0)
 			j.equal(l, "errors", 0.0)
@@ -104,6 +105,12 @@ func TestRun(t *testing.T) {
 			}
 		}
 		j.has(j.obj(r, "idle_memory"), "server_kb", "helpers_kb", "containers_kb", "container_procs")
+		ss := j.obj(r, "sessions")
+		j.has(ss, "latency", "ratio_to_fresh_p50", "idle_sessions", "cgroup_peak_kb_mean", "idle_rss_kb_per_session")
+		if pk, _ := ss["cgroup_peak_kb_mean"].(float64); pk <= 0 {
+			t.Errorf("runtime %s: an idle session's cgroup peak = %v, want > 0", kind, ss["cgroup_peak_kb_mean"])
+		}
+		j.equal(j.obj(ss, "latency"), "errors", 0.0)
 		for _, tp := range j.list(r, "throughput", 2) {
 			j.has(tp, "concurrency", "calls", "errors", "elapsed_s", "calls_per_s", "ratio", "peak_memory")
 			j.equal(tp, "errors", 0.0)
@@ -113,7 +120,7 @@ func TestRun(t *testing.T) {
 
 		base := j.obj(r, "baseline")
 		j.has(base, "latency", "throughput", "packages")
-		for _, l := range j.list(base, "latency", 3) {
+		for _, l := range j.list(base, "latency", 4) {
 			j.has(l, "snippet", "n", "errors", "p50_ms", "p95_ms", "mean_ms", "min_ms", "max_ms")
 			j.equal(l, "n", 3.0)
 			j.equal(l, "errors", 0.0)

@@ -17,7 +17,14 @@ var (
 	// The standard-library imports an evaluator's snippet typically starts
 	// with: the cost of a cold interpreter loading modules from the rootfs.
 	stdlibImports = snippet{Code: "import json, re, decimal, sqlite3", Stdout: ""}
+	// A program that is mostly system calls: what a runtime that sits
+	// between the code and the kernel (gVisor) costs it.
+	syscallHeavy = snippet{Code: "import os\nfor _ in range(20000):\n    os.stat('/')", Stdout: ""}
 )
+
+// syscallCalls is how many timed calls the syscall-heavy program gets: it
+// takes seconds on gVisor's ptrace platform.
+const syscallCalls = 5
 
 // outcome is what a call reported besides its wall-clock time (which the
 // measuring loop takes itself). The baseline reports nothing.
