@@ -392,8 +392,9 @@ open("prior.txt", "w").write("x")
 threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 `
 
-// runInSession runs req as the second call of a new session, and ends it.
-func (h *harness) runInSession(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+// openSession starts a session on a sandbox of h's configuration; end
+// closes it and checks that nothing of it is left.
+func (h *harness) openSession() (sess *runtime.Session, end func() error) {
 	h.t.Helper()
 	var b *bundle.Bundle
 	pool := runtime.NewPool(runtime.PoolConfig{Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
@@ -403,20 +404,32 @@ func (h *harness) runInSession(ctx context.Context, req runtime.Request) (runtim
 		}
 		return h.rt.Prepare(ctx, b)
 	}})
-	defer pool.Close()
 	sess, err := pool.NewSession(context.Background())
 	if err != nil {
+		pool.Close()
 		h.t.Fatalf("NewSession: %v", err)
 	}
+	return sess, func() error {
+		err := sess.Close()
+		pool.Close()
+		h.assertClean(b)
+		return err
+	}
+}
+
+// runInSession runs req as the second call of a new session, and ends it.
+func (h *harness) runInSession(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	h.t.Helper()
+	sess, end := h.openSession()
 	first, err := sess.Run(context.Background(), runtime.Request{Code: []byte(priorCall), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
 	if err != nil || first.ExitCode != 0 || first.Ended != "" {
+		end()
 		h.t.Fatalf("a session's first call: exit %d, ended %q, %v; stderr %s", first.ExitCode, first.Ended, err, first.Stderr)
 	}
 	res, err := sess.Run(ctx, req)
-	if cerr := sess.Close(); cerr != nil && err == nil {
+	if cerr := end(); cerr != nil && err == nil {
 		err = cerr
 	}
-	h.assertClean(b)
 	return res, err
 }
 

@@ -56,14 +56,7 @@ func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
 	req.Persistent = true
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.ended == "" {
-		select {
-		case <-s.sb.done:
-			s.ended = s.endedAlone()
-		default:
-		}
-	}
-	if s.ended != "" {
+	if s.check() != "" {
 		return Result{}, &EndedError{s.ended}
 	}
 	res, err := s.sb.run(ctx, req)
@@ -96,6 +89,12 @@ func (s *Session) Ended() EndReason {
 		return "" // a call runs: it will say
 	}
 	defer s.mu.Unlock()
+	return s.check()
+}
+
+// check notes an end between calls, and returns why the session ended
+// ("": it lives). s.mu is held.
+func (s *Session) check() EndReason {
 	if s.ended == "" {
 		select {
 		case <-s.sb.done:

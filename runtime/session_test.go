@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
-	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/runtime"
@@ -29,24 +26,11 @@ type sessionHarness struct {
 
 func (h *harness) newSession() *sessionHarness {
 	h.t.Helper()
-	var b *bundle.Bundle
-	pool := runtime.NewPool(runtime.PoolConfig{Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
-		var err error
-		if b, err = bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString()); err != nil {
-			return nil, err
-		}
-		return h.rt.Prepare(ctx, b)
-	}})
-	h.t.Cleanup(pool.Close)
-	sess, err := pool.NewSession(context.Background())
-	if err != nil {
-		h.t.Fatalf("NewSession: %v", err)
-	}
+	sess, end := h.openSession()
 	h.t.Cleanup(func() {
-		if err := sess.Close(); err != nil {
+		if err := end(); err != nil {
 			h.t.Errorf("closing the session: %v", err)
 		}
-		h.assertClean(b)
 	})
 	return &sessionHarness{Session: sess, t: h.t}
 }

@@ -118,26 +118,16 @@ func (s *server) exec(ctx context.Context, params *mcp.CallToolParams) (execOutp
 // caller returns a call of exec with the snippet that fails unless the run
 // printed what it should and exited 0.
 func (s *server) caller(sn snippet) caller {
-	params := &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": sn.Code}}
-	return func(ctx context.Context) (outcome, error) {
-		out, err := s.exec(ctx, params)
-		if err != nil {
-			return outcome{}, err
-		}
-		if err := check(out, sn.Stdout); err != nil {
-			return outcome{}, err
-		}
-		o := outcome{runtime: out.Runtime}
-		if out.DurationMS != nil {
-			o.durationMS, o.hasDur = *out.DurationMS, true
-		}
-		return o, nil
-	}
+	return s.callerWith(sn, map[string]any{"code": sn.Code})
 }
 
 // sessionCaller is caller in the persistent session handle.
 func (s *server) sessionCaller(sn snippet, handle string) caller {
-	params := &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": sn.Code, "session": handle}}
+	return s.callerWith(sn, map[string]any{"code": sn.Code, "session": handle})
+}
+
+func (s *server) callerWith(sn snippet, args map[string]any) caller {
+	params := &mcp.CallToolParams{Name: "exec", Arguments: args}
 	return func(ctx context.Context) (outcome, error) {
 		out, err := s.exec(ctx, params)
 		if err != nil {
