@@ -492,15 +492,15 @@ func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInpu
 	if err != nil {
 		return runtime.Result{}, 0, sessionOut{}, err
 	}
-	var running atomic.Bool
+	var stage atomic.Int32 // waitingSlot
 	live := s.live(req)
-	defer s.progress(ctx, req, &running, live)()
+	defer s.progress(ctx, req, &stage, live)()
 
 	if err := s.acquire(ctx); err != nil {
 		return runtime.Result{}, timeout, sessionOut{}, err
 	}
 	defer func() { <-s.sem }()
-	running.Store(true)
+	stage.Store(running)
 	res, err := s.eng.Run(ctx, s.request(in, files, timeout, live))
 	return res, timeout, sessionOut{}, err
 }
@@ -565,9 +565,10 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 			return runtime.Result{}, 0, none, err
 		}
 	}
-	var running atomic.Bool
+	var stage atomic.Int32
+	stage.Store(waitingTurn)
 	live := s.live(req)
-	defer s.progress(ctx, req, &running, live)()
+	defer s.progress(ctx, req, &stage, live)()
 	var h *held
 	if in.Session == "new" {
 		if err := s.persist.reserve(); err != nil {
@@ -588,6 +589,7 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 			return runtime.Result{}, 0, sessionOut{h.handle, endClosed}, nil
 		}
 	}
+	stage.Store(waitingSlot)
 
 	if err := s.acquire(ctx); err != nil {
 		if h == nil {
@@ -598,7 +600,7 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 		return runtime.Result{}, timeout, none, err
 	}
 	defer func() { <-s.sem }()
-	running.Store(true)
+	stage.Store(running)
 	if h == nil {
 		sess, err := s.eng.NewSession(ctx)
 		if err != nil {
@@ -681,7 +683,14 @@ func (s *Server) validate(in execInput) (time.Duration, error) {
 // waits or runs, when the client asked for them with a progress token, so
 // that clients with a request timeout survive long runs. The returned stop
 // waits for the sender, so no notification follows the result.
-func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, running *atomic.Bool, live *runtime.Live) (stop func()) {
+// A call's stage, as its progress messages say it.
+const (
+	waitingSlot int32 = iota // for a concurrency slot
+	waitingTurn              // for its persistent session's earlier calls
+	running
+)
+
+func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, stage *atomic.Int32, live *runtime.Live) (stop func()) {
 	token := req.Params.GetProgressToken()
 	if token == nil || req.Session == nil {
 		return func() {}
@@ -701,8 +710,13 @@ func (s *Server) progress(ctx context.Context, req *mcp.CallToolRequest, running
 			case <-t.C:
 			}
 			elapsed := time.Since(start)
-			msg := fmt.Sprintf("waiting for a free slot (%d running at most) for %s", s.opts.MaxConcurrency, elapsed.Round(time.Second))
-			if running.Load() {
+			var msg string
+			switch stage.Load() {
+			case waitingSlot:
+				msg = fmt.Sprintf("waiting for a free slot (%d running at most) for %s", s.opts.MaxConcurrency, elapsed.Round(time.Second))
+			case waitingTurn:
+				msg = fmt.Sprintf("waiting for the persistent session's earlier calls for %s", elapsed.Round(time.Second))
+			default:
 				msg = fmt.Sprintf("running for %s", elapsed.Round(time.Second))
 				if newest := newestOutput(live); newest != "" {
 					msg += "; " + newest

@@ -291,3 +291,34 @@ func TestDescriptionSessions(t *testing.T) {
 		t.Errorf("sessions are off, yet the description offers them: %s", d)
 	}
 }
+
+func TestSessionProgressWhileWaiting(t *testing.T) {
+	opts := sessionOptions()
+	opts.Progress = 50 * time.Millisecond
+	var mu sync.Mutex
+	var msgs []string
+	eng := newFakeEngine()
+	_, cs := connect(t, eng, opts, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			msgs = append(msgs, req.Params.Message)
+			mu.Unlock()
+		},
+	})
+	h := first(t, cs)
+	var wg sync.WaitGroup
+	wg.Go(func() { call(t, cs, map[string]any{"code": "sleep:500ms", "session": h}) })
+	testenv.Eventually(t, "the first call to run", func() bool { return eng.running.Load() == 1 })
+	params := &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "sleep:300ms", "session": h}}
+	params.SetProgressToken("tok-2")
+	if _, err := cs.CallTool(context.Background(), params); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	all := strings.Join(msgs, "\n")
+	if !strings.Contains(all, "waiting for the persistent session's earlier calls") || !strings.Contains(all, "running for") {
+		t.Errorf("progress messages of a call that waited its turn, then ran:\n%s", all)
+	}
+}
