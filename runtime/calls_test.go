@@ -163,11 +163,14 @@ func TestCancelKillsAtOnce(t *testing.T) {
 }
 
 // The driver is invisible to code that looks at how it was run: a fresh
-// call is a script, as python3 /code/main.py would run it.
+// call is a script, as python3 /code/main.py would run it. A session's
+// later call is a cell of the same __main__: the script's name stays, its
+// traceback names the cell, and the session's timeout owns SIGINT.
 func TestCodeRunsAsAScript(t *testing.T) {
 	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+		wantOut, wantLine := "__main__ main.py main.py 1 True True True\n", "main.py\", line 7, in <module>"
 		if h.session {
-			t.Skip("a session's later calls are cells, not scripts (TestSessionKeepsState)")
+			wantOut, wantLine = "__main__ main.py main.py 1 True True False\n", "<cell 2>\", line 7, in <module>"
 		}
 		res := h.mustRun(`import os, signal, sys, __main__
 print(__name__, os.path.basename(__file__), os.path.basename(sys.argv[0]), len(sys.argv),
@@ -176,10 +179,10 @@ print(__name__, os.path.basename(__file__), os.path.basename(sys.argv[0]), len(s
 def f():
     raise ValueError("x")
 f()`)
-		if got := string(res.Stdout); got != "__main__ main.py main.py 1 True True True\n" {
-			t.Errorf("stdout %q, stderr %s", got, res.Stderr)
+		if got := string(res.Stdout); got != wantOut {
+			t.Errorf("stdout %q, want %q; stderr %s", got, wantOut, res.Stderr)
 		}
-		if tb := string(res.Stderr); res.ExitCode != 1 || !strings.HasPrefix(tb, "Traceback (most recent call last):\n  File \"") || !strings.Contains(tb, "main.py\", line 7, in <module>") || strings.Contains(tb, "<string>") {
+		if tb := string(res.Stderr); res.ExitCode != 1 || !strings.HasPrefix(tb, "Traceback (most recent call last):\n  File \"") || !strings.Contains(tb, wantLine) || strings.Contains(tb, "<string>") {
 			t.Errorf("exit %d, traceback %s", res.ExitCode, tb)
 		}
 	})
