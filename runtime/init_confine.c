@@ -146,13 +146,16 @@ static void seccomp(const struct config *c) {
 
 // confine runs in the code's process, last before it execs the
 // interpreter: no_new_privs (which Landlock and an unprivileged seccomp
-// filter need), the domain, then the filter, which must allow execve.
+// filter need), in the process runtime the domain, then the filter, which
+// must allow execve. In a container the runtime has set no_new_privs and
+// its own filter already; a filter given here (runsc's exact one) is
+// stacked on it, and the stricter answer wins.
 void confine(const struct config *c) {
-	if (!c->process_mode)
+	if (!c->process_mode && c->seccomp == NULL)
 		return;
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die("setting no_new_privs");
-	if (c->landlock_abi > 0)
+	if (c->process_mode && c->landlock_abi > 0)
 		landlock(c);
 	if (c->seccomp != NULL)
 		seccomp(c);

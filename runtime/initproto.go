@@ -171,6 +171,11 @@ type initConfig struct {
 	// NoParentDeath plays an init the code has subverted: no parent-death
 	// signal and no exit when the host goes (the watchdog's tests only).
 	NoParentDeath bool
+	// Seccomp, when not nil, is a filter (a BPF program) the init installs
+	// in the code's process just before it starts the interpreter: the
+	// process runtime's whole filter, and under runsc the exact one (see
+	// runscContainer.initConfig).
+	Seccomp []byte
 	// Process, when not nil, makes the init a process of the server's
 	// machine instead of pid 1 of a namespace: the process runtime.
 	Process *processConfig
@@ -187,9 +192,6 @@ type processConfig struct {
 	// may read, execute (and read), read and write (device nodes), and the
 	// directories it may write in.
 	Read, Exec, Devices, Write []string
-	// Seccomp is the filter installed in the code, as a BPF program; nil:
-	// none (the host refuses one).
-	Seccomp []byte
 	// ScratchBytes bounds what the code keeps under the work dir.
 	ScratchBytes int64
 }
@@ -261,10 +263,10 @@ func (c *initConfig) encode() ([]byte, error) {
 				str(l.key, path)
 			}
 		}
-		if len(p.Seccomp) > 0 {
-			field(cfgSeccomp, p.Seccomp)
-		}
 		num(cfgScratch, uint64(p.ScratchBytes))
+	}
+	if len(c.Seccomp) > 0 {
+		field(cfgSeccomp, c.Seccomp)
 	}
 	if len(bad) > 0 {
 		return nil, fmt.Errorf("the init's configuration has empty strings or strings with a NUL byte: %s", strings.Join(bad, ", "))

@@ -408,7 +408,6 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string) (*initC
 		Exec:         slices.Concat(exe, r.cfg.Executables),
 		Devices:      policy.ProcessDevices(),
 		Write:        []string{work},
-		Seccomp:      r.seccomp,
 		ScratchBytes: scratch,
 	}
 	if r.iso.Landlock > 0 {
@@ -419,7 +418,7 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string) (*initC
 			p.Read = append(p.Read, filepath.SplitList(v)...)
 		}
 	}
-	return &initConfig{Init: in, Process: p}, nil
+	return &initConfig{Init: in, Process: p, Seccomp: r.seccomp}, nil
 }
 
 // interpreterRules are what the code must execute to run the interpreter

@@ -37,7 +37,8 @@ import (
 // out.
 //
 // Prepare sets the cgroup path, adapts the seccomp section to what this
-// runsc can express (see gvisorSeccomp), rewrites config.json, and creates
+// runsc can express and has the init install the exact filter in the code
+// (see gvisorSeccomp), rewrites config.json, and creates
 // the call's cgroups with the spec's limits. runsc finds them already
 // there, so it joins the sandbox, gofer and ptrace stubs to them without
 // owning them, and they outlive `runsc run`: the verdict (oom_kill, peak
@@ -64,6 +65,9 @@ type RunscRuntime struct {
 	root string
 
 	live liveSet
+
+	filtersMu sync.Mutex
+	filters   map[string][]byte // exactSeccomp's, by section
 }
 
 // NewRunsc checks that runsc can give the full sandbox on this host (the
@@ -138,6 +142,8 @@ type runscContainer struct {
 	b    *bundle.Bundle
 	cg   *callCgroup
 	logf *os.File
+	// seccomp is the exact filter the init installs in the code.
+	seccomp []byte
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -152,7 +158,12 @@ func (rc *runscContainer) create(context.Context) error {
 	}
 	b.Spec.Linux.CgroupsPath = rc.rt.inst.cgroupPath(b.ID)
 	if s := b.Spec.Linux.Seccomp; s != nil {
-		b.Spec.Linux.Seccomp = gvisorSeccomp(s, rc.rt.info.Unimplemented)
+		bpf, err := rc.rt.exactSeccomp(s)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrSandbox, err)
+		}
+		rc.seccomp = bpf
+		b.Spec.Linux.Seccomp = gvisorSeccomp(s)
 	}
 	b.Spec.Mounts = gvisorMounts(b.Spec.Mounts)
 	if err := b.WriteSpec(); err != nil {
@@ -174,7 +185,12 @@ func (rc *runscContainer) create(context.Context) error {
 	return nil
 }
 
-func (rc *runscContainer) initConfig() (*initConfig, error) { return containerInit(rc.b), nil }
+// initConfig is the bundle's, with the exact filter for the code.
+func (rc *runscContainer) initConfig() (*initConfig, error) {
+	c := containerInit(rc.b)
+	c.Seccomp = rc.seccomp
+	return c, nil
+}
 
 // stdio are the sandbox's standard streams: one unix socket pair each.
 // Not pipes: runsc 2022-12 puts a host pipe in non-blocking mode and, when

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -26,42 +27,51 @@ func gvisorMounts(ms []specs.Mount) []specs.Mount {
 	return out
 }
 
-// gvisorSeccomp returns the bundle's seccomp section as this runsc can
-// apply it with --oci-seccomp. It changes one thing: runsc ignores a
-// rule's errnoRet and answers EPERM (Debian's 2022 runsc, and still the
-// 2026-09 one: runsc/specutils/seccomp), so a rule that asks for
-// ENOSYS (clone3, so that the C library falls back to clone, whose flags
-// the filter can check) would answer EPERM and break every thread start.
-// Where gVisor's own kernel answers ENOSYS for that syscall — its syscall
-// table says so — the rule becomes an allow, which yields the very ENOSYS
-// the policy asks for. Everything else is passed through untouched.
-func gvisorSeccomp(s *specs.LinuxSeccomp, unimplemented map[string]bool) *specs.LinuxSeccomp {
+// gvisorSeccomp returns the bundle's seccomp section as runsc can apply
+// it with --oci-seccomp, to everything in the sandbox the init included.
+// runsc ignores a rule's errnoRet and answers EPERM (Debian's 2022 runsc,
+// and still the 2026-09 one: runsc/specutils/seccomp), so a rule that
+// asks for another errno — clone3's ENOSYS, which makes the C library fall
+// back to clone, whose flags the filter can check — would answer EPERM
+// and break every thread start. Such rules become allows here: the init
+// installs the exact filter in the code's process itself (gVisor's kernel
+// implements seccomp(2) with every errno), stacked on this one, so the
+// code gets the errno the policy asks for. EPERM rules and the default
+// are passed through: this filter still bounds what the init may do.
+func gvisorSeccomp(s *specs.LinuxSeccomp) *specs.LinuxSeccomp {
 	out := *s
 	out.Syscalls = nil
 	for _, rule := range s.Syscalls {
-		nosys := rule.Action == specs.ActErrno && rule.ErrnoRet != nil && *rule.ErrnoRet == uint(unix.ENOSYS) && len(rule.Args) == 0
-		if !nosys {
-			out.Syscalls = append(out.Syscalls, rule)
-			continue
+		if rule.Action == specs.ActErrno && rule.ErrnoRet != nil && *rule.ErrnoRet != uint(unix.EPERM) {
+			rule.Action, rule.ErrnoRet, rule.Args = specs.ActAllow, nil, nil
 		}
-		var keep, allow []string
-		for _, n := range rule.Names {
-			if unimplemented[n] {
-				allow = append(allow, n)
-			} else {
-				keep = append(keep, n)
-			}
-		}
-		if len(keep) > 0 {
-			r := rule
-			r.Names = keep
-			out.Syscalls = append(out.Syscalls, r)
-		}
-		if len(allow) > 0 {
-			out.Syscalls = append(out.Syscalls, specs.LinuxSyscall{Names: allow, Action: specs.ActAllow})
-		}
+		out.Syscalls = append(out.Syscalls, rule)
 	}
 	return &out
+}
+
+// exactSeccomp is the bundle's filter as the init installs it in the
+// code's process under runsc: compiled once per distinct section (every
+// call of a server has the same), by the library libcontainer uses.
+func (r *RunscRuntime) exactSeccomp(s *specs.LinuxSeccomp) ([]byte, error) {
+	key, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	r.filtersMu.Lock()
+	defer r.filtersMu.Unlock()
+	if bpf, ok := r.filters[string(key)]; ok {
+		return bpf, nil
+	}
+	bpf, err := compileSeccomp(s)
+	if err != nil {
+		return nil, err
+	}
+	if r.filters == nil {
+		r.filters = map[string][]byte{}
+	}
+	r.filters[string(key)] = bpf
+	return bpf, nil
 }
 
 // sweepRunsc kills what a dead instance's runsc root dir still has running.
