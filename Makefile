@@ -15,12 +15,17 @@ STATIC    := -extldflags=-static
 LDFLAGS   := -s -w -X main.version=$(VERSION) $(STATIC)
 BIN       := bin/mcp-exec
 
-.PHONY: build test unit integration e2e run bench bench-go vet clean deploy-check image image-test
+.PHONY: runsc build test unit integration e2e run bench bench-go vet clean deploy-check image image-test
 
 build: $(BIN)
 
 $(BIN): $(shell find . \( -name '*.go' -o -name '*.c' -o -name '*.h' \) -not -path './node_modules/*') go.mod go.sum
 	$(GO) build -tags '$(TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/mcp-exec
+
+# runsc: the pinned current gVisor as /usr/local/bin/runsc, where the runsc
+# runtime looks first (.ci/install-runsc; root; idempotent).
+runsc:
+	bash .ci/install-runsc
 
 # vet also fails on unformatted files: gofmt -l prints them.
 vet:

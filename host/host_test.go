@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -134,5 +135,12 @@ func TestProbeRunsc(t *testing.T) {
 	none := ProbeRunsc(context.Background(), h, "/nonexistent/runsc", "")
 	if none.Available() || !strings.Contains(Join(none.Missing), "{RunscPath}=/nonexistent/runsc") {
 		t.Errorf("ProbeRunsc with a missing binary: missing %v, want {RunscPath} named", none.Missing)
+	}
+	// The default is the pinned current gVisor where it is installed
+	// (CI installs it: .ci/install-runsc), on systrap.
+	if _, err := os.Stat(PinnedRunsc); err != nil {
+		testenv.Missing(t, "the pinned gVisor is not installed at %s (make runsc)", PinnedRunsc)
+	} else if info.Path != PinnedRunsc || info.Platform != "systrap" {
+		t.Errorf("default runsc %s on %s, want %s on systrap", info.Path, info.Platform, PinnedRunsc)
 	}
 }

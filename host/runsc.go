@@ -3,13 +3,11 @@ package host
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strings"
 	"time"
@@ -32,9 +30,6 @@ type RunscInfo struct {
 	// OCISeccomp: this runsc can apply the bundle's seccomp filter inside
 	// the sandbox (--oci-seccomp), which the runtime always asks for.
 	OCISeccomp bool `json:"oci_seccomp"`
-	// Unimplemented are the syscalls this runsc answers with ENOSYS itself,
-	// from its own compatibility table.
-	Unimplemented map[string]bool `json:"-"`
 	// Limits lists the limits this host lets the runtime enforce (memory,
 	// pids, cpu: each through its cgroup controller).
 	Limits []string `json:"limits"`
@@ -77,7 +72,7 @@ func ProbeRunsc(ctx context.Context, h Host, path, platform string) RunscInfo {
 	bin, err := findRunsc(path)
 	if err != nil {
 		info.Missing = append(info.Missing, Missing{What: "runsc", Why: err.Error(),
-			Fix: "install it (apt-get install runsc) or set {RunscPath} to its path"})
+			Fix: "install it (make runsc, or apt-get install runsc) or set {RunscPath} to its path"})
 		info.Missing = append(info.Missing, h.forRunsc()...)
 		return info
 	}
@@ -85,11 +80,10 @@ func ProbeRunsc(ctx context.Context, h Host, path, platform string) RunscInfo {
 	ctx, cancel := context.WithTimeout(ctx, ProbeTimeout)
 	defer cancel()
 
-	// Four short runsc commands, at once: start-up pays for one.
+	// Three short runsc commands, at once: start-up pays for one.
 	version := runscAsync(ctx, bin, "--version")
 	flags := runscAsync(ctx, bin, "flags")
 	platforms := runscAsync(ctx, bin, "help", "platforms")
-	syscalls := runscAsync(ctx, bin, "help", "syscalls", "-format", "json", "-os", "linux", "-arch", goruntime.GOARCH)
 
 	r := <-version
 	if r.err != nil {
@@ -135,14 +129,6 @@ func ProbeRunsc(ctx context.Context, h Host, path, platform string) RunscInfo {
 				Fix: "unset {RunscPlatform} to use ptrace"})
 		}
 	}
-	if r := <-syscalls; r.err == nil {
-		if info.Unimplemented, err = unimplemented(r.stdout); err != nil {
-			info.Missing = append(info.Missing, Missing{What: "runsc syscall table", Why: err.Error(), Fix: "install a newer runsc"})
-		}
-	} else {
-		info.Missing = append(info.Missing, Missing{What: "runsc syscall table", Why: fmt.Sprintf("runsc help syscalls failed: %v", r.err),
-			Fix: "install a newer runsc"})
-	}
 	info.Missing = append(info.Missing, h.forRunsc()...)
 	return info
 }
@@ -180,17 +166,25 @@ func choosePlatform(want string, have []string) (platform, reason string, err er
 		"({RunscPlatform}=kvm)", strings.Join(have, ", "))
 }
 
-// findRunsc resolves the configured runsc, or runsc on PATH, to an absolute
-// path.
+// PinnedRunsc is where `make runsc` (.ci/install-runsc) installs the
+// pinned current gVisor. The runtime takes it before runsc on PATH (often
+// Debian's 2022 one, ptrace only), whatever PATH's order.
+const PinnedRunsc = "/usr/local/bin/runsc"
+
+// findRunsc resolves the configured runsc to an absolute path; unset, the
+// pinned install if there is one, else runsc on PATH.
 func findRunsc(path string) (string, error) {
 	name := path
 	if name == "" {
 		name = "runsc"
+		if st, err := os.Stat(PinnedRunsc); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			name = PinnedRunsc
+		}
 	}
 	p, err := exec.LookPath(name)
 	if err != nil {
 		if path == "" {
-			return "", errors.New("not found on PATH")
+			return "", errors.New("not found in " + PinnedRunsc + " nor on PATH")
 		}
 		return "", fmt.Errorf("{RunscPath}=%s is not an executable: %v", path, err)
 	}
@@ -226,27 +220,4 @@ func runscAsync(ctx context.Context, bin string, args ...string) <-chan cmdResul
 		ch <- cmdResult{stdout.Bytes(), stderr.Bytes(), err}
 	}()
 	return ch
-}
-
-// unimplemented reads, from runsc's syscall table, the syscalls of this
-// architecture that runsc answers with ENOSYS itself.
-func unimplemented(table []byte) (map[string]bool, error) {
-	arch := goruntime.GOARCH
-	var t map[string]map[string]struct {
-		Syscalls map[string]struct {
-			Name    string `json:"name"`
-			Support string `json:"support"`
-			Note    string `json:"note"`
-		} `json:"syscalls"`
-	}
-	if err := json.Unmarshal(table, &t); err != nil {
-		return nil, fmt.Errorf("decoding the syscall table: %w", err)
-	}
-	unimpl := map[string]bool{}
-	for _, sc := range t["linux"][arch].Syscalls {
-		if sc.Support == "Unimplemented" && strings.Contains(sc.Note, "invalid system call number") {
-			unimpl[sc.Name] = true
-		}
-	}
-	return unimpl, nil
 }

@@ -205,6 +205,13 @@ func forEachContainerRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 			withBatteries(t, h)
 			f(t, h)
 		})
+		// Debian's runsc (2022-12, ptrace), the fallback when the pinned
+		// current gVisor is not installed.
+		if kind == runtime.Runsc {
+			t.Run("runsc-debian", func(t *testing.T) {
+				f(t, newHarnessConfig(t, kind, policy.DefaultLimits(), runtime.Config{RunscPath: debianRunsc(t)}))
+			})
+		}
 	}
 }
 
@@ -271,14 +278,21 @@ func (h *harness) pooledSandbox() (runtime.Sandbox, *bundle.Bundle, func()) {
 
 func newHarness(t *testing.T, kind runtime.Kind, limits policy.Limits) *harness {
 	t.Helper()
+	return newHarnessConfig(t, kind, limits, runtime.Config{})
+}
+
+// newHarnessConfig is newHarness with the runtime configured by rcfg (its
+// state dir is the test's own).
+func newHarnessConfig(t *testing.T, kind runtime.Kind, limits policy.Limits, rcfg runtime.Config) *harness {
+	t.Helper()
 	dir := testRootfs(t)
 	if kind == runtime.Libcontainer {
 		if err := runtime.LibcontainerUsable(); err != nil {
 			need(t, "%v", err)
 		}
 	}
-	stateDir := filepath.Join(t.TempDir(), "state")
-	rt, err := runtime.New(kind, runtime.Config{StateDir: stateDir})
+	rcfg.StateDir = filepath.Join(t.TempDir(), "state")
+	rt, err := runtime.New(kind, rcfg)
 	if err != nil {
 		t.Fatalf("runtime.New(%s): %v", kind, err)
 	}

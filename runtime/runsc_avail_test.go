@@ -1,8 +1,10 @@
 package runtime_test
 
 import (
+	"os"
 	"testing"
 
+	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/runtime"
 )
 
@@ -18,3 +20,20 @@ func runscAvailable(t *testing.T) bool {
 }
 
 func runscAvailableB() bool { return runtime.RunscUsable(runtime.Config{}) == nil }
+
+// debianRunsc is Debian's runsc, when the default is another (the pinned
+// current gVisor): the fallback, tested as well. CI installs both.
+func debianRunsc(t *testing.T) string {
+	t.Helper()
+	const path = "/usr/bin/runsc"
+	if _, err := os.Stat(path); err != nil {
+		need(t, "Debian's runsc, the fallback runtime, is not installed (apt-get install runsc)")
+	}
+	if _, err := os.Stat(host.PinnedRunsc); err != nil {
+		t.Skipf("the default runsc is Debian's (no %s), tested as runsc", host.PinnedRunsc)
+	}
+	if err := runtime.RunscUsable(runtime.Config{RunscPath: path}); err != nil {
+		need(t, "Debian's runsc: %v", err)
+	}
+	return path
+}

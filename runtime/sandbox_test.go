@@ -540,19 +540,24 @@ func TestDevContents(t *testing.T) {
 		var got struct {
 			Chars []string
 			Other []string
+			Links map[string]string
 			Shm   string
 		}
 		h.probe(`import json, os, stat
-chars, other = [], []
+chars, other, links = [], [], {}
 for n in sorted(os.listdir("/dev")):
     st = os.lstat("/dev/" + n)
     (chars if stat.S_ISCHR(st.st_mode) else other).append(n)
+if os.path.isdir("/dev/char"):
+    for n in os.listdir("/dev/char"):
+        p = "/dev/char/" + n
+        links[n] = os.readlink(p) if os.path.islink(p) else "not a link"
 shm = ""
 for l in open("/proc/self/mountinfo"):
     f = l.split()
     if f[4] == "/dev/shm":
         shm = f[f.index("-") + 1]
-print(json.dumps({"Chars": chars, "Other": other, "Shm": shm}))`, &got)
+print(json.dumps({"Chars": chars, "Other": other, "Links": links, "Shm": shm}))`, &got)
 		want := []string{"full", "null", "random", "tty", "urandom", "zero"}
 		allowed := []string{"shm", "fd", "stdin", "stdout", "stderr", "core", "ptmx", "pts", "mqueue"}
 		if h.kind == runtime.Runsc {
@@ -560,6 +565,16 @@ print(json.dumps({"Chars": chars, "Other": other, "Shm": shm}))`, &got)
 			// reaches a host device, and both need capabilities to use.
 			want = []string{"full", "fuse", "null", "random", "tty", "urandom", "zero"}
 			allowed = append(allowed, "net")
+			// A current gVisor adds udev's /dev/char/<major>:<minor>
+			// links; each must name one of the devices above.
+			allowed = append(allowed, "char")
+			for n, l := range got.Links {
+				if !slices.Contains(want, strings.TrimPrefix(l, "../")) && l != "../net/tun" {
+					t.Errorf("/dev/char/%s → %q, want a link to one of %v", n, l, want)
+				}
+			}
+		} else if len(got.Links) > 0 {
+			t.Errorf("/dev/char has %v, want no such directory", got.Links)
 		}
 		if !slices.Equal(got.Chars, want) {
 			t.Errorf("character devices in /dev = %v, want %v", got.Chars, want)
