@@ -129,9 +129,27 @@ func pause(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-func measureRuntime(ctx context.Context, o options, kind, python string, log io.Writer) (r RuntimeReport) {
-	env, shown := serverEnv(os.Environ(), o, "MCP_EXEC_RUNTIME="+kind)
-	r = RuntimeReport{Runtime: kind, Env: shown, Platform: describeRuntime(ctx, o.Server, env, kind)}
+// runtimeSettings turns a --runtimes entry into the server's settings:
+// KIND, optionally /PLATFORM (gVisor's) and @PATH (the runsc binary), as
+// in runsc/ptrace@/usr/bin/runsc.
+func runtimeSettings(entry string) (kind string, set []string) {
+	rest, path, hasPath := strings.Cut(entry, "@")
+	kind, platform, hasPlatform := strings.Cut(rest, "/")
+	set = []string{"MCP_EXEC_RUNTIME=" + kind}
+	if hasPlatform {
+		set = append(set, "MCP_EXEC_RUNSC_PLATFORM="+platform)
+	}
+	if hasPath {
+		set = append(set, "MCP_EXEC_RUNSC="+path)
+	}
+	return kind, set
+}
+
+func measureRuntime(ctx context.Context, o options, entry, python string, log io.Writer) (r RuntimeReport) {
+	kind, set := runtimeSettings(entry)
+	env, shown := serverEnv(os.Environ(), o, set...)
+	r = RuntimeReport{Runtime: entry, Env: shown, Platform: describeRuntime(ctx, o.Server, env, kind)}
+	kind = entry // the label of its progress lines
 	progress(log, "%s: starting the server", kind)
 	srv, err := startServer(ctx, o.Server, env)
 	if err != nil {
@@ -208,14 +226,22 @@ func measureRuntime(ctx context.Context, o options, kind, python string, log io.
 		// sampling; what it sees is the interpreters' memory.
 		// The server is a child of ours too, and none of the baseline's.
 		s := sampleMemory(os.Getpid(), sampleEvery, srv.pid())
+		cpu0 := childrenCPU()
 		b := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, pythonCaller(python, printOne))
 		b.PeakMemory = &Memory{HelpersKB: s.Stop().HelpersKB}
+		if b.Calls > 0 {
+			b.CPU = &CPUSplit{TotalMS: (childrenCPU() - cpu0) / float64(b.Calls)}
+		}
 		r.Bare.Throughput = append(r.Bare.Throughput, b)
 
 		s = sampleMemory(srv.pid(), sampleEvery)
+		before, errBefore := readProcCPU(srv.pid())
 		tp := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, srv.caller(printOne))
 		peak := s.Stop()
 		tp.PeakMemory = &peak
+		if after, err := readProcCPU(srv.pid()); err == nil && errBefore == nil {
+			tp.CPU = serverSplit(before, after, tp.cpuMS, tp.Calls)
+		}
 		tp.Ratio = ratio(tp.CallsPerS, b.CallsPerS)
 		r.Throughput = append(r.Throughput, tp)
 		// The server's aftermath (refills) is not the next baseline's.
@@ -225,7 +251,7 @@ func measureRuntime(ctx context.Context, o options, kind, python string, log io.
 	}
 
 	if len(o.Packages) > 0 && ctx.Err() == nil {
-		r.Bare.Packages, r.Packages = measurePackages(ctx, o, kind, python, log)
+		r.Bare.Packages, r.Packages = measurePackages(ctx, o, entry, python, log)
 	}
 	return r
 }
@@ -234,6 +260,7 @@ func measureRuntime(ctx context.Context, o options, kind, python string, log io.
 // of its own started with MCP_EXEC_PACKAGES, so that the other figures stay
 // comparable between runs with and without --packages.
 func measurePackages(ctx context.Context, o options, kind, python string, log io.Writer) (bare, sandbox *Latency) {
+	_, set := runtimeSettings(kind)
 	sn := importSnippet(o.Packages)
 	progress(log, "%s: latency of %s, bare", kind, sn.Code)
 	bare = &Latency{Snippet: sn.Code}
@@ -245,7 +272,7 @@ func measurePackages(ctx context.Context, o options, kind, python string, log io
 	}
 
 	pkgs := "MCP_EXEC_PACKAGES=" + strings.Join(o.Packages, ",")
-	extra := []string{"MCP_EXEC_RUNTIME=" + kind, pkgs}
+	extra := append(set, pkgs)
 	label := sn.Code
 	if o.Preload {
 		mods := strings.ReplaceAll(strings.TrimPrefix(sn.Code, "import "), " ", "")

@@ -55,7 +55,8 @@ func TestRun(t *testing.T) {
 	defer cancel()
 	// Two levels rather than four: the test checks the report, and the
 	// machine is shared.
-	args := []string{"--server", server, "--n", "3", "--warmup", "1", "--duration", "1s", "--concurrency", "1,8", "--settle", "100ms", "--pace", "50ms", "--packages", "numpy", "--json", out}
+	// runsc/ptrace: a variant, its platform passed through.
+	args := []string{"--server", server, "--runtimes", "libcontainer,runsc/ptrace", "--n", "3", "--warmup", "1", "--duration", "1s", "--concurrency", "1,8", "--settle", "100ms", "--pace", "50ms", "--packages", "numpy", "--json", out}
 	if code := run(ctx, args, &stdout, &stderr); code != 0 {
 		t.Fatalf("mcp-exec-bench %s: exit status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, &stdout, &stderr)
 	}
@@ -83,8 +84,12 @@ func TestRun(t *testing.T) {
 
 	measured := map[string]bool{}
 	for _, r := range j.list(rep, "runtimes", 2) {
-		kind, _ := r["runtime"].(string)
+		entry, _ := r["runtime"].(string)
+		kind, _ := runtimeSettings(entry)
 		j.has(r, "runtime", "platform", "env")
+		if p, _ := r["platform"].(string); entry == "runsc/ptrace" && !strings.Contains(p, "platform ptrace") {
+			t.Errorf("runtime %s: platform %q, want ptrace (MCP_EXEC_RUNSC_PLATFORM passed on)", entry, p)
+		}
 		if reason, ok := r["skipped"].(string); ok {
 			if reason == "" || kind == "libcontainer" {
 				t.Errorf("runtime %s skipped (%q): libcontainer must run here, and a skip must say why", kind, reason)
@@ -115,6 +120,11 @@ func TestRun(t *testing.T) {
 			j.has(tp, "concurrency", "calls", "errors", "elapsed_s", "calls_per_s", "ratio", "peak_memory")
 			j.equal(tp, "errors", 0.0)
 			j.has(j.obj(tp, "peak_memory"), "server_kb", "helpers_kb", "containers_kb", "container_procs")
+			cpu := j.obj(tp, "cpu_per_call")
+			j.has(cpu, "total_ms", "server_ms", "start_ms", "code_ms")
+			if st, _ := cpu["start_ms"].(float64); st <= 0 {
+				t.Errorf("runtime %s: a call's start CPU = %v, want > 0 (a sandbox is made per call)", entry, cpu["start_ms"])
+			}
 		}
 		j.oneOf(j.obj(r, "packages"), "p50_ms", "skipped")
 

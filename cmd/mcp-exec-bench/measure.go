@@ -32,6 +32,7 @@ type outcome struct {
 	durationMS float64
 	hasDur     bool
 	runtime    string
+	cpuMS      float64 // the result's cpu_ms (the sandbox's cgroup)
 }
 
 // caller makes one call of a fixed snippet and checks its result; an error
@@ -69,6 +70,10 @@ type Throughput struct {
 	Ratio *float64 `json:"ratio,omitempty"`
 	// Highest memory seen while this level ran, sampled every 50 ms.
 	PeakMemory *Memory `json:"peak_memory,omitempty"`
+	// CPU is what a call cost in CPU time, by part.
+	CPU *CPUSplit `json:"cpu_per_call,omitempty"`
+	// cpuMS is the sum of the calls' cpu_ms.
+	cpuMS float64
 }
 
 // maxErrorSamples bounds what a report repeats of failures that are
@@ -82,6 +87,7 @@ type tally struct {
 	errs    int
 	samples []string
 	durSum  float64
+	cpuSum  float64
 	durN    int
 	seen    map[string]int
 }
@@ -97,6 +103,7 @@ func (t *tally) add(d time.Duration, o outcome, err error) {
 		return
 	}
 	t.times = append(t.times, d)
+	t.cpuSum += o.cpuMS
 	if o.hasDur {
 		t.durSum += o.durationMS
 		t.durN++
@@ -170,6 +177,7 @@ func measureThroughput(ctx context.Context, workers int, d time.Duration, perWor
 		ErrorSamples: t.samples,
 		ElapsedS:     elapsed.Seconds(),
 		CallsPerS:    float64(len(t.times)) / elapsed.Seconds(),
+		cpuMS:        t.cpuSum,
 	}
 	if s := summarize(t.times); s != nil {
 		tp.P50MS = &s.P50MS

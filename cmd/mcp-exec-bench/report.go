@@ -118,6 +118,22 @@ func writeThroughput(w io.Writer, rt RuntimeReport) {
 	}
 	t.write(w, "  ", true)
 	fmt.Fprintln(w, "  (p50: the latency each call saw under that load; calls and errors: sandbox/bare)")
+
+	c := &table{}
+	c.add("CPU per call, ms", "total", "code", "server", "start", "bare", "×")
+	for i, tp := range rt.Throughput {
+		bt := rt.Bare.Throughput[i]
+		if tp.CPU == nil || bt.CPU == nil {
+			continue
+		}
+		c.add(fmt.Sprintf("concurrency %d", tp.Concurrency), fmt.Sprintf("%.1f", tp.CPU.TotalMS),
+			optMS(tp.CPU.CodeMS), optMS(tp.CPU.ServerMS), optMS(tp.CPU.StartMS),
+			fmt.Sprintf("%.1f", bt.CPU.TotalMS), fmtRatio(ratio(tp.CPU.TotalMS, bt.CPU.TotalMS)))
+	}
+	if len(c.rows) > 1 {
+		c.write(w, "  ", true)
+		fmt.Fprintln(w, "  (code: the results' cpu_ms; server: its own process; start: the rest of what it reaped, making, starting and ending sandboxes)")
+	}
 }
 
 func writeMemory(w io.Writer, rt RuntimeReport) {

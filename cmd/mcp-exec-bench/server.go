@@ -90,6 +90,7 @@ type execOutput struct {
 	Runtime    string   `json:"runtime"`
 	Session    string   `json:"session"`
 	PeakMemory int64    `json:"peak_memory_bytes"`
+	CPUMS      float64  `json:"cpu_ms"`
 }
 
 // exec calls the exec tool with code and decodes what it returned. An
@@ -136,7 +137,7 @@ func (s *server) callerWith(sn snippet, args map[string]any) caller {
 		if err := check(out, sn.Stdout); err != nil {
 			return outcome{}, err
 		}
-		o := outcome{runtime: out.Runtime}
+		o := outcome{runtime: out.Runtime, cpuMS: out.CPUMS}
 		if out.DurationMS != nil {
 			o.durationMS, o.hasDur = *out.DurationMS, true
 		}

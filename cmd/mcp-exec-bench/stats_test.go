@@ -251,3 +251,33 @@ func TestReadMemory(t *testing.T) {
 		t.Errorf("readMemory(self, skipping one of two children): helpers = %d KiB, want > 0 and < %d (both)", one.HelpersKB, all.HelpersKB)
 	}
 }
+
+func TestReadProcCPU(t *testing.T) {
+	// Burn some CPU, so that a clock tick or two pass.
+	deadline := time.Now().Add(50 * time.Millisecond)
+	for x := 0; time.Now().Before(deadline); x++ {
+		_ = x * x
+	}
+	c, err := readProcCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.self <= 0 || c.children < 0 {
+		t.Errorf("readProcCPU(self) = %+v, want own time > 0", c)
+	}
+}
+
+func TestServerSplit(t *testing.T) {
+	s := serverSplit(procCPU{self: 100, children: 1000}, procCPU{self: 300, children: 2000}, 600, 10)
+	if s.TotalMS != 120 || *s.ServerMS != 20 || *s.CodeMS != 60 || *s.StartMS != 40 {
+		t.Errorf("serverSplit = total %v, server %v, code %v, start %v; want 120, 20, 60, 40", s.TotalMS, *s.ServerMS, *s.CodeMS, *s.StartMS)
+	}
+	// Reaping lags: children below the code's own figure is no negative
+	// start.
+	if s := serverSplit(procCPU{}, procCPU{children: 10}, 50, 1); *s.StartMS != 0 {
+		t.Errorf("start = %v, want 0 when reaping lags", *s.StartMS)
+	}
+	if serverSplit(procCPU{}, procCPU{}, 0, 0) != nil {
+		t.Errorf("serverSplit of no calls is not nil")
+	}
+}
