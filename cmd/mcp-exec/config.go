@@ -119,7 +119,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_CPUS", "cpus", "CPU quota per call, in cores", &value[float64]{p: &c.Limits.CPUs, parse: parseCPUs}},
 		{"MCP_EXEC_TMPFS_MB", "tmpfs-mb", "size of the writable /tmp in MiB", byteCount(&c.Limits.TmpfsBytes, mib, policy.MinTmpfsBytes/mib)},
 		{"MCP_EXEC_STATE_DIR", "state-dir", "where per-instance container state lives (0700)", str(&c.StateDir)},
-		{"MCP_EXEC_RUNSC", "runsc", "path of the runsc binary (default: runsc on PATH)", str(&c.RunscPath)},
+		{"MCP_EXEC_RUNSC", "runsc", "path of the runsc binary (default: /usr/local/bin/runsc where make runsc installs it, else runsc on PATH)", str(&c.RunscPath)},
 		{"MCP_EXEC_RUNSC_PLATFORM", "runsc-platform", "gVisor platform (default: probed; systrap, else ptrace)", str(&c.RunscPlatform)},
 	}
 	if serverOnly {
