@@ -45,6 +45,9 @@ const CgroupRoot = "mcp-exec"
 // creates the instance's cgroups: a cgroup v1 hierarchy's root is mode
 // 0555. CAP_SYS_PTRACE and CAP_CHOWN come from each libcontainer
 // sandbox's user namespace, whose root is its call slot's own host uid.
+// CAP_SETFCAP: a current gVisor starts its gofer in a user namespace that
+// maps uid 0, which Linux (5.12 on) allows only with it; without it runsc
+// fails with "cannot create gofer process: … operation not permitted".
 var requiredCaps = map[Runtime][]struct{ name, why string }{
 	Libcontainer: {
 		{"CAP_SYS_ADMIN", "namespaces, mounts, pivot_root"},
@@ -67,6 +70,8 @@ var requiredCaps = map[Runtime][]struct{ name, why string }{
 		{"CAP_SETGID", "runsc runs the sandbox as an unprivileged group"},
 		{"CAP_KILL", "killing what is left in a call's cgroup"},
 		{"CAP_DAC_OVERRIDE", "creating the instance's cgroups in hierarchies whose root is mode 0555"},
+		{"CAP_SETFCAP", "mapping root into the gofer's user namespace (a current gVisor; the kernel asks for it " +
+			"to map uid 0)"},
 	},
 }
 
@@ -91,7 +96,7 @@ type ContainerFix struct {
 // needs when mcp-exec itself runs in a container.
 func FixInContainer(kind Runtime) ContainerFix {
 	// docker's default set has SETUID, SETGID, SETPCAP, SYS_CHROOT, KILL,
-	// CHOWN, DAC_OVERRIDE.
+	// CHOWN, DAC_OVERRIDE, SETFCAP.
 	caps := "--cap-add SYS_ADMIN --cap-add NET_ADMIN --cap-add SYS_PTRACE"
 	kcaps := "[SYS_ADMIN, NET_ADMIN, SYS_PTRACE, SYS_CHROOT, SETUID, SETGID, SETPCAP, KILL, CHOWN, DAC_OVERRIDE]"
 	// A user namespace may mount /proc only where the engine has not
@@ -99,7 +104,7 @@ func FixInContainer(kind Runtime) ContainerFix {
 	// Unmasked.
 	extra, kextra := " --security-opt systempaths=unconfined", ", procMount: Unmasked"
 	if kind == Runsc {
-		caps, kcaps, extra, kextra = "--cap-add SYS_ADMIN", "[SYS_ADMIN, SYS_CHROOT, SETUID, SETGID, KILL, DAC_OVERRIDE]", "", ""
+		caps, kcaps, extra, kextra = "--cap-add SYS_ADMIN", "[SYS_ADMIN, SYS_CHROOT, SETUID, SETGID, KILL, DAC_OVERRIDE, SETFCAP]", "", ""
 	}
 	return ContainerFix{
 		Docker: "docker run --user 0:0 " + caps + " --security-opt seccomp=unconfined --security-opt apparmor=unconfined" + extra +

@@ -143,7 +143,7 @@ func TestSystemdUnitSecurity(t *testing.T) {
 		"MemoryDenyWriteExecute":  false, // ctypes, libffi
 		"RestrictNamespaces_user": false, // each sandbox's user namespace
 		// Needed (see the unit): SYS_PTRACE and CHOWN for each sandbox's
-		// user namespace, DAC_OVERRIDE for the cgroups.
+		// user namespace, DAC_OVERRIDE for the cgroups, SETFCAP for runsc.
 		"CapabilityBoundingSet_CAP_SYS_PTRACE":           false,
 		"CapabilityBoundingSet_CAP_DAC_FOWNER_IPC_OWNER": false,
 		"CapabilityBoundingSet_CAP_CHOWN_FSETID_SETFCAP": false,
@@ -300,10 +300,10 @@ exec /lib/systemd/systemd --unit=mcp-exec.service
 			"NoNewPrivs": "1",
 			// CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_KILL, CAP_SETGID,
 			// CAP_SETUID, CAP_SETPCAP, CAP_NET_ADMIN, CAP_SYS_CHROOT,
-			// CAP_SYS_PTRACE, CAP_SYS_ADMIN: bits 0, 1, 5, 6, 7, 8, 12, 18,
-			// 19, 21.
-			"CapBnd": "00000000002c11e3",
-			"CapEff": "00000000002c11e3",
+			// CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_SETFCAP: bits 0, 1, 5, 6,
+			// 7, 8, 12, 18, 19, 21, 31.
+			"CapBnd": "00000000802c11e3",
+			"CapEff": "00000000802c11e3",
 			"CapAmb": "0000000000000000",
 		}
 		for key, w := range want {
