@@ -78,6 +78,11 @@ type Config struct {
 	// starts at policy.CPUSharesPreparing, and the runtime gives it
 	// policy.CPUSharesCall when the call begins.
 	Ahead bool
+	// Template marks the bundle of a template (forked sandboxes): its
+	// init and interpreter hold policy.TemplateCapabilities under
+	// policy.TemplateSeccomp, to make each fork's sandbox; no caller's code
+	// runs in it.
+	Template bool
 }
 
 // Bundle is a bundle directory on disk and the spec written into it.
@@ -85,6 +90,9 @@ type Bundle struct {
 	ID   string
 	Dir  string
 	Spec *specs.Spec
+	// Config is what the bundle was made from: a runtime makes a
+	// template's bundle from a call's (Config.Template).
+	Config Config
 	// Init is the configuration the runtime hands the sandbox's init.
 	Init Init
 }
@@ -135,7 +143,7 @@ func New(parent string, cfg Config, id string) (_ *Bundle, retErr error) {
 			os.RemoveAll(dir)
 		}
 	}()
-	b := &Bundle{ID: id, Dir: dir, Spec: Spec(cfg), Init: initFor(cfg)}
+	b := &Bundle{ID: id, Dir: dir, Spec: Spec(cfg), Init: initFor(cfg), Config: cfg}
 	if err := b.WriteSpec(); err != nil {
 		return nil, err
 	}

@@ -179,12 +179,18 @@ func withMasking(s *specs.Spec, _ Config) {
 
 // withCapabilities gives the init what policy allows it; the init starts
 // the code with all five sets empty (policy.Capabilities).
-func withCapabilities(s *specs.Spec, _ Config) {
+func withCapabilities(s *specs.Spec, cfg Config) {
 	s.Process.Capabilities = policy.InitCapabilities()
+	if cfg.Template {
+		s.Process.Capabilities = policy.TemplateCapabilities()
+	}
 }
 
-func withSeccomp(s *specs.Spec, _ Config) {
+func withSeccomp(s *specs.Spec, cfg Config) {
 	s.Linux.Seccomp = policy.Seccomp()
+	if cfg.Template {
+		s.Linux.Seccomp = policy.TemplateSeccomp()
+	}
 }
 
 // withResources sets the cgroup limits. Swap equals the memory limit, which

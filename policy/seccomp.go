@@ -156,6 +156,41 @@ func seccompFor(goarch string) *specs.LinuxSeccomp {
 	return out
 }
 
+// TemplateSeccomp returns the filter of a template's init and interpreter
+// (forked sandboxes): Seccomp, except what making a call's sandbox takes.
+// The interpreter makes each fork's pid namespace (unshare, and setns back
+// to its own for the next one); the fork makes the other namespaces; the
+// call's init replaces the template's /proc and tmpfs mounts with fresh
+// ones (mount, umount2) and sets the hostname. A user namespace is never
+// among them. Every fork stacks Seccomp on this before it reads any code,
+// and so does the call's init once the sandbox is made: the code only ever
+// runs under both.
+func TemplateSeccomp() *specs.LinuxSeccomp {
+	return templateSeccompFor(runtime.GOARCH)
+}
+
+// templateSyscalls are what TemplateSeccomp allows that Seccomp denies.
+var templateSyscalls = []string{"mount", "umount2", "unshare", "setns", "sethostname"}
+
+func templateSeccompFor(goarch string) *specs.LinuxSeccomp {
+	s := seccompFor(goarch)
+	var rules []specs.LinuxSyscall
+	for _, r := range s.Syscalls {
+		r.Names = slices.DeleteFunc(slices.Clone(r.Names), func(n string) bool { return slices.Contains(templateSyscalls, n) })
+		if len(r.Names) > 0 {
+			rules = append(rules, r)
+		}
+	}
+	s.Syscalls = append(rules,
+		specs.LinuxSyscall{Names: []string{"mount", "umount2", "sethostname"}, Action: specs.ActAllow},
+		specs.LinuxSyscall{Names: []string{"unshare"}, Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{Index: 0, Value: unix.CLONE_NEWUSER, ValueTwo: 0, Op: specs.OpMaskedEqual}}},
+		specs.LinuxSyscall{Names: []string{"setns"}, Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{Index: 1, Value: unix.CLONE_NEWPID, Op: specs.OpEqualTo}}},
+	)
+	return s
+}
+
 // hasLegacyMknod reports whether goarch's syscall table has mknod besides
 // mknodat (the newer architectures have only the *at form).
 func hasLegacyMknod(goarch string) bool {

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 
+	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/policy"
 )
 
@@ -20,12 +21,15 @@ var driverSource = renderDriver()
 
 func renderDriver() string {
 	values := map[string]string{
+		"INIT_PATH":    bundle.InitPath,
 		"WORK_DIR":     policy.WorkDir,
 		"OUTPUTS_NAME": policy.OutputsName,
 		"MAX_FRAME":    strconv.Itoa(maxFrame),
 	}
 	for _, d := range protocol {
 		switch v := d.value.(type) {
+		case string:
+			values[d.name] = v
 		case byte:
 			values[d.name] = string(v)
 		case int:

@@ -2,12 +2,18 @@
 # so that the code runs as a notebook cell runs. It reads the first call's
 # code from SCRIPT (the init's FIFO, then a file of that code), runs it in a
 # fresh __main__, and sends the repr of a last expression to the init; in a
-# persistent session it then waits for the next call on its pipe. The
-# frames and fds are runtime/initproto.go's, substituted below by name between at signs.
+# persistent session it then waits for the next call on its pipe.
+#
+# With TEMPLATE_ARG after SCRIPT it is a template's zygote instead (see
+# _zygote): it never runs a caller's code, it forks sandboxes that do.
+#
+# The frames and fds are runtime/initproto.go's, substituted below by name
+# between at signs.
 import os
 import sys
 
 _SCRIPT = sys.argv[1]
+_TEMPLATE = sys.argv[2:] == ["@TEMPLATE_ARG@"]
 sys.argv = [_SCRIPT]
 # As for a script: its dir first on the path, not the working dir (/tmp)
 # that -c puts there (nothing, under -P or PYTHONSAFEPATH).
@@ -15,7 +21,7 @@ if sys.path and sys.path[0] == "":
     sys.path[0] = os.path.dirname(os.path.abspath(_SCRIPT))
 
 
-def _driver():
+def _driver(forked=False):
     import ast
     import builtins
     import linecache
@@ -168,11 +174,25 @@ def _driver():
             pass
         return flags & @OPT_PERSIST@
 
-    # Opening the script is the init's sign that the interpreter is ready;
-    # the options come before the code is all in.
-    with open(_SCRIPT, "rb") as f:
-        source = f.read()
-    kind, body = next_frame()
+    if forked:
+        # Confined, it says so, and waits: the init checks and reports it
+        # ready, then writes the script and the options. Only then are the
+        # sandbox's own /proc and work dir in place.
+        send(b"@D_READY@", os.getpid().to_bytes(4, "big"))
+        kind, body = next_frame()
+        if kind != b"@D_OPTIONS@":
+            os._exit(0)
+        os.chdir("@WORK_DIR@")
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")  # the init outlives an OOM to report it
+        with open(_SCRIPT, "rb") as f:
+            source = f.read()
+    else:
+        # Opening the script is the init's sign that the interpreter is
+        # ready; the options come before the code is all in.
+        with open(_SCRIPT, "rb") as f:
+            source = f.read()
+        kind, body = next_frame()
     persist = options(int.from_bytes(body[:4], "big")) if kind == b"@D_OPTIONS@" else 0
     if persist:
         # A session's timeout is a SIGINT; a fresh call keeps Python's own
@@ -214,4 +234,173 @@ def _driver():
         linecache.cache["<cell %d>" % n] = (len(text), None, text.splitlines(True), "<cell %d>" % n)
 
 
-_driver()
+def _zygote():
+    # A template's interpreter: started and warmed as any (site, the
+    # preloads), it then only forks. Each request becomes a call's
+    # sandbox: a first child in a new pid namespace moves itself into the
+    # call's cgroups, makes its other namespaces and forks the code's
+    # process, then becomes the call's init (this executable) as pid 1. The
+    # code's process gives up every privilege and installs the call's
+    # seccomp filter before it reads any code; the init checks it did.
+    # It returns, in the code's process only, for the driver to run the
+    # code at the top level, where the interpreter ends as a script's does
+    # (atexit, threads joined, the exit status of SystemExit).
+    import ctypes
+    import fcntl
+    import gc
+    import socket
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    z = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=@ZYGOTE_FD@)
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    # Nothing of the template's /tmp is to stay in reach of a fork.
+    os.chdir("/")
+    NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWPID, NEWNET = 0x20000, 0x2000000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
+
+    def check(r, what):
+        if r != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+    def prctl(*args):
+        return libc.prctl(*[ctypes.c_ulong(a) for a in args])
+
+    def confine(uid, gid, bpf):
+        # The code's process: no capability in any set, the code's ids
+        # and no group, no_new_privs, then the filter. A process of the
+        # code's uid again, it may read its own /proc files, as one an
+        # exec made may.
+        for cap in range(64):
+            if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                if ctypes.get_errno() == 22:  # EINVAL: past the last one
+                    break
+                check(1, "dropping capability %d" % cap)
+        prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+        data = (ctypes.c_uint32 * 6)()
+        check(libc.capset(header, data), "clearing capabilities")
+        check(prctl(38, 1, 0, 0, 0), "setting no_new_privs")  # PR_SET_NO_NEW_PRIVS
+        check(prctl(4, 1, 0, 0, 0), "making the process dumpable")  # PR_SET_DUMPABLE
+
+        class Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        buf = ctypes.create_string_buffer(bpf, len(bpf))
+        prog = Prog(len(bpf) // 8, ctypes.addressof(buf))
+        check(libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(prog), ctypes.c_ulong(0), ctypes.c_ulong(0)),
+              "installing the seccomp filter")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+    def place(fds):
+        # fds onto 0, 1, ..., by way of numbers above all of them (no dup2
+        # may close a source), and nothing else open.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 8) for fd in fds]
+        for i, fd in enumerate(high):
+            os.dup2(fd, i)
+        os.closerange(len(fds), max(os.sysconf("SC_OPEN_MAX"), 1024))
+
+    def code_process(uid, gid, bpf, ends):
+        try:
+            z.detach()  # its number is the driver's pipe from now on
+            place(ends)
+            confine(uid, gid, bpf)
+        except BaseException as e:
+            try:
+                os.write(2, ("mcp-exec: the forked interpreter could not be confined: %s\n" % e).encode())
+            finally:
+                os._exit(125)
+        return True
+
+    def call_init(uid, gid, bpf, fds, moved):
+        call, procs = fds[:3], fds[3:]
+        try:
+            for fd in procs:
+                os.write(fd, b"0")
+                os.close(fd)
+            os.write(moved, b"m")
+            os.close(moved)
+            check(libc.unshare(NEWNS | NEWNET | NEWIPC | NEWUTS | NEWCGROUP), "making the sandbox's namespaces")
+            pipes = [os.pipe() for _ in range(5)]  # stdin, stdout, stderr, ctl, cell
+            code = os.fork()
+            if code == 0:
+                return code_process(uid, gid, bpf, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1], pipes[4][0]])
+            place(call + [pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0], pipes[4][1]])
+            for fd in range(8):
+                os.set_inheritable(fd, True)
+            init = "@INIT_PATH@"
+            os.execve(init, [init, "@INIT_ARG@", "@FORKED_ARG@", str(code)], os.environ)
+        except BaseException as e:
+            try:
+                os.write(call[2], ("mcp-exec: the forked sandbox could not start: %s\n" % e).encode())
+            finally:
+                os._exit(125)
+
+    def fork(req, fds):
+        # True only in the code's process, which then runs the code; the
+        # call's init never returns here.
+        uid, gid = struct.unpack(">II", req[:8])
+        bpf = req[8:]
+        moved_r, moved_w = os.pipe()
+        pid, err = -1, None
+        if libc.unshare(NEWPID) != 0:
+            err = "making the pid namespace: " + os.strerror(ctypes.get_errno())
+        else:
+            try:
+                pid = os.fork()
+            except OSError as e:
+                err = str(e)
+            if pid == 0:
+                os.close(moved_r)
+                return call_init(uid, gid, bpf, fds, moved_w)
+            # The next fork's pid namespace is a new one again.
+            check(libc.setns(own_pid_ns, NEWPID), "leaving the pid namespace")
+        for fd in fds + [moved_w]:
+            os.close(fd)
+        if err is not None:
+            os.close(moved_r)
+            z.send(b"@Z_FAILED@" + err.encode())
+            return False
+        moved = os.read(moved_r, 1)
+        os.close(moved_r)
+        if moved == b"m":
+            z.send(b"@Z_FORKED@" + pid.to_bytes(4, "big"))
+        else:
+            z.send(b"@Z_FAILED@the call's init did not reach its cgroups")
+        _, status = os.waitpid(pid, 0)
+        z.send(b"@Z_REAPED@" + (status & 0xFFFFFFFF).to_bytes(4, "big"))
+        return False
+
+    # What every fork shares is settled now: the collector need not visit
+    # it again in each (sparing their copy-on-write pages).
+    gc.collect()
+    gc.freeze()
+    z.send(b"@Z_READY@")
+    cmsg = socket.CMSG_SPACE(64 * 4)
+    while True:
+        try:
+            msg, anc, _, _ = z.recvmsg(1 << 16, cmsg)
+        except InterruptedError:
+            continue
+        if not msg:
+            os._exit(0)
+        fds = []
+        for level, kind, data in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds += struct.unpack("%di" % (len(data) // 4), data[: len(data) // 4 * 4])
+        if msg[:1] != b"@Z_FORK@" or len(msg) < 9 or len(fds) < 3:
+            for fd in fds:
+                os.close(fd)
+            z.send(b"@Z_FAILED@a malformed fork request")
+            continue
+        if fork(msg[1:], fds):
+            return
+
+
+if _TEMPLATE:
+    _zygote()
+    _driver(forked=True)
+else:
+    _driver()

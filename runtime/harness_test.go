@@ -205,6 +205,28 @@ func forEachContainerRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 			withBatteries(t, h)
 			f(t, h)
 		})
+		// Forked from a template (fork.go): per call, ahead of the call,
+		// a session's, with the batteries.
+		if kind == runtime.Libcontainer {
+			t.Run("libcontainer-fork", func(t *testing.T) {
+				f(t, newForkHarness(t, policy.DefaultLimits()))
+			})
+			t.Run("libcontainer-fork-pooled", func(t *testing.T) {
+				h := newForkHarness(t, policy.DefaultLimits())
+				h.pooled = true
+				f(t, h)
+			})
+			t.Run("libcontainer-fork-session", func(t *testing.T) {
+				h := newForkHarness(t, policy.DefaultLimits())
+				h.session = true
+				f(t, h)
+			})
+			t.Run("libcontainer-fork-batteries", func(t *testing.T) {
+				h := newForkHarness(t, policy.DefaultLimits())
+				withBatteries(t, h)
+				f(t, h)
+			})
+		}
 		// Debian's runsc (2022-12, ptrace), the fallback when the pinned
 		// current gVisor is not installed.
 		if kind == runtime.Runsc {

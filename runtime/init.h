@@ -17,6 +17,12 @@ struct rlim {
 	uint64_t soft, hard;
 };
 
+// fmount is one fresh mount of a forked sandbox, as mount(2) takes it.
+struct fmount {
+	unsigned long flags;
+	char *target, *type, *source, *data;
+};
+
 // strv is a list of strings the configuration repeats.
 struct strv {
 	char **v;
@@ -45,6 +51,14 @@ struct config {
 	unsigned char *seccomp; // BPF program; NULL: none
 	size_t seccomp_len;
 	uint64_t scratch_bytes; // bound on the bytes under workdir; 0: none
+	int template_mode;      // a template's init: the interpreter is a zygote
+	// A forked sandbox's init sets these up in its new namespaces.
+	struct fmount *mounts;
+	int nmounts;
+	struct strv mask, readonly;
+	char *hostname;
+	int loopback_mtu;
+	uint64_t keep_caps;
 };
 
 // buffer is a growable byte queue.
@@ -87,12 +101,20 @@ int empty_outputs(const struct config *c, void *arg);
 
 // init_confine.c
 void confine(const struct config *c);
+void install_seccomp(const struct config *c);
 void kill_children(void);
 struct scratch;
 struct scratch *scratch_open(const struct config *c);
 int scratch_fd(const struct scratch *s);
 int scratch_timeout(const struct scratch *s, int period_ms);
 int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap);
+
+// init_forked.c
+void setup_forked(const struct config *c);
+const char *check_confined(const struct config *c, pid_t pid);
+
+// init_template.c
+int template_serve(const struct config *c, int sfd) __attribute__((noreturn));
 
 // init_helpers.c
 int userns_hold(void);

@@ -48,6 +48,38 @@ static void rlimit_field(struct config *c, unsigned key, const unsigned char *v,
 	c->rlimits = r;
 }
 
+// sized takes one u16-sized string of a field, advancing *v and *n.
+static char *sized(unsigned key, const unsigned char **v, uint32_t *n) {
+	if (*n < 2)
+		bad("a sized string is cut short", key);
+	uint32_t len = get_u16(*v);
+	if (len > *n - 2)
+		bad("a sized string is cut short", key);
+	char *s = string(key, *v + 2, len);
+	*v += 2 + len;
+	*n -= 2 + len;
+	return s;
+}
+
+static void mount_field(struct config *c, unsigned key, const unsigned char *v, uint32_t n) {
+	if (n < 8)
+		bad("a mount starts with its u64 flags", key);
+	struct fmount m = {.flags = (unsigned long)get_u64(v)};
+	v += 8;
+	n -= 8;
+	m.target = sized(key, &v, &n);
+	m.type = sized(key, &v, &n);
+	m.source = sized(key, &v, &n);
+	if (memchr(v, 0, n) != NULL)
+		bad("mount data has a NUL byte", key);
+	m.data = strndup((const char *)v, n);
+	struct fmount *ms = realloc(c->mounts, (size_t)(c->nmounts + 1) * sizeof *ms);
+	if (m.data == NULL || ms == NULL)
+		die("allocating");
+	ms[c->nmounts++] = m;
+	c->mounts = ms;
+}
+
 static void field(struct config *c, unsigned key, const unsigned char *v, uint32_t n) {
 	switch (key) {
 	case CFG_UID: c->uid = (uid_t)number(key, v, n); break;
@@ -76,6 +108,13 @@ static void field(struct config *c, unsigned key, const unsigned char *v, uint32
 		c->seccomp_len = n;
 		break;
 	case CFG_SCRATCH: c->scratch_bytes = number(key, v, n); break;
+	case CFG_TEMPLATE: c->template_mode = number(key, v, n) != 0; break;
+	case CFG_MOUNT: mount_field(c, key, v, n); break;
+	case CFG_MASK: push(&c->mask, string(key, v, n)); break;
+	case CFG_READONLY: push(&c->readonly, string(key, v, n)); break;
+	case CFG_HOSTNAME: c->hostname = string(key, v, n); break;
+	case CFG_LOOPBACK_MTU: c->loopback_mtu = (int)number(key, v, n); break;
+	case CFG_KEEP_CAPS: c->keep_caps = number(key, v, n); break;
 	default: bad("unknown key", key);
 	}
 }

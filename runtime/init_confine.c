@@ -138,7 +138,7 @@ static void landlock(const struct config *c) {
 	close(rs);
 }
 
-static void seccomp(const struct config *c) {
+void install_seccomp(const struct config *c) {
 	struct sock_fprog prog = {.len = (unsigned short)(c->seccomp_len / 8), .filter = (struct sock_filter *)c->seccomp};
 	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
 		die("installing the seccomp filter");
@@ -158,7 +158,7 @@ void confine(const struct config *c) {
 	if (c->process_mode && c->landlock_abi > 0)
 		landlock(c);
 	if (c->seccomp != NULL)
-		seccomp(c);
+		install_seccomp(c);
 }
 
 // kill_children kills every child of this process but the export and

@@ -44,6 +44,29 @@ import (
 //	                         L, C again: a new call)
 //	init → host  W message   something the init was asked to do failed
 //
+// A template's init (forked sandboxes, fork.go) takes the same
+// configuration, then starts the interpreter as a zygote that never runs
+// a caller's code, and serves forks:
+//
+//	init → host  R           the zygote is ready
+//	host → init  Y request   fork a call's sandbox: u32 fds, u32 uid, u32
+//	                         gid, the code's seccomp filter; with the call's
+//	                         stdin, stdout and stderr and its cgroup.procs
+//	                         files as SCM_RIGHTS on the init's stdin (a socket)
+//	init → host  U u32 pid   the call's init is forked and in its cgroups
+//	init → host  A u32 st    the call's init has ended (its wait status)
+//	init → host  W message   the fork failed
+//
+// The zygote talks to the template's init over a SOCK_SEQPACKET socket
+// (its fd ZYGOTE_FD), a message each: k (a fork, as Y, with the fds), and
+// back r (ready), f pid, x status, w message. A call's init is then this
+// executable again, started by the forked interpreter as pid 1 of the
+// call's new namespaces (argv INIT_ARG FORKED_ARG pid): it takes the
+// call's frames as any init does, with its configuration's fresh mounts,
+// masks, hostname and loopback applied first; its code process, forked
+// before it from the same interpreter, says it is confined (driver frame r)
+// and the init checks that before it reports ready.
+//
 // The interpreter runs the driver (driver.py), which runs the code as a
 // notebook runs a cell and talks to the init over two pipes of its own, in
 // frames of the same shape:
@@ -53,6 +76,8 @@ import (
 //	                               fd 4: a session's next call
 //	driver → init  v repr          fd 3: the value of the last expression
 //	driver → init  d u32 status    fd 3: a session's call ended, its exit status
+//	driver → init  r u32 pid       fd 3: a forked interpreter is confined and
+//	                               waits for its options, then reads the script
 //
 // The code can write to those pipes too: the init trusts nothing they carry
 // beyond the call's own output (a forged end ends the call early, as an
@@ -77,6 +102,11 @@ const (
 	holdMarker  = "__mcp_exec_userns__"
 	probeMarker = "__mcp_exec_probe__"
 	killMarker  = "__mcp_exec_kill__"
+	// forkedMarker follows initMarker for a forked sandbox's init, with
+	// the pid of its code process after it.
+	forkedMarker = "forked"
+	// templateMarker follows the script on a zygote's command line.
+	templateMarker = "--mcp-exec-template"
 )
 
 // Frame types, host to init.
@@ -91,6 +121,7 @@ const (
 	hPersist   = 'P'
 	hInterrupt = 'Q'
 	hLive      = 'H'
+	hFork      = 'Y'
 )
 
 // Frame types, init to host.
@@ -107,6 +138,21 @@ const (
 	iError   = 'W'
 	iResult  = 'V'
 	iIdle    = 'Z'
+	iForked  = 'U'
+	iReaped  = 'A'
+)
+
+// The zygote's messages (driver.py), on its socket to the template's init.
+const (
+	zygoteFd = 3
+	zFork    = 'k' // a fork request, as hFork's payload, with its fds
+	zReady   = 'r' // the zygote waits for forks
+	zForked  = 'f' // u32 pid: the call's init is in its cgroups
+	zReaped  = 'x' // u32 wait status: the call's init has ended
+	zFailed  = 'w' // a message: the fork failed
+	// forkedFirstFd is the first of the forked init's five ends of its
+	// code's pipes: stdin, stdout, stderr, the driver's ctl and cell.
+	forkedFirstFd = 3
 )
 
 // The driver's pipes and frames (driver.py).
@@ -117,6 +163,7 @@ const (
 	dCell        = 'c' // a session's next call: u32 opt flags, u32 stdin length, stdin, code
 	dValue       = 'v' // the repr of the last expression
 	dDone        = 'd' // a session's call ended: u32 exit status
+	dReady       = 'r' // a forked interpreter is confined and waits: u32 its pid
 	// Options of a call, to the driver.
 	optPersist = 1 << 0 // a session: wait for the next call after this one
 	optLive    = 1 << 1 // someone watches the output: stdout line-buffered
@@ -162,6 +209,13 @@ const (
 	cfgWrite         = 16 // string, each: a directory the code may write in
 	cfgSeccomp       = 17 // bytes: a BPF program (struct sock_filter[], host order)
 	cfgScratch       = 18 // number: bound on the bytes under the work dir
+	cfgTemplate      = 19 // number: 1 makes the init a template's (a zygote, forks)
+	cfgMount         = 20 // u64 flags; target, type, source (u16 n, n bytes each); data: each, a forked sandbox's fresh mount
+	cfgMask          = 21 // string, each: a path under /proc a forked sandbox hides
+	cfgReadonly      = 22 // string, each: a path under /proc a forked sandbox makes read-only
+	cfgHostname      = 23 // string: a forked sandbox's hostname
+	cfgLoopbackMTU   = 24 // number: a forked sandbox's loopback MTU and segment size (0: the kernel's)
+	cfgKeepCaps      = 25 // number: a forked sandbox's init keeps these capabilities (a mask) after its setup
 )
 
 // initConfig is the init's whole configuration: sandboxinit.c's struct
@@ -179,6 +233,34 @@ type initConfig struct {
 	// Process, when not nil, makes the init a process of the server's
 	// machine instead of pid 1 of a namespace: the process runtime.
 	Process *processConfig
+	// Template makes the init a template's: its interpreter is a zygote.
+	Template bool
+	// Forked, when not nil, is what a forked sandbox's init sets up
+	// before anything else (fork.go).
+	Forked *forkedConfig
+}
+
+// forkedConfig is a forked sandbox's own: what a fresh container gets
+// from its runtime, which the call's init makes in the new namespaces it
+// starts in.
+type forkedConfig struct {
+	// Mounts are the fresh filesystems, in order: proc (which replaces
+	// the template's) and the tmpfs ones.
+	Mounts []forkedMount
+	// Masked and Readonly are the paths under /proc hidden and made
+	// read-only, as the container's were.
+	Masked, Readonly []string
+	Hostname         string
+	// LoopbackMTU shrinks lo (cgroup v1, see loopbackMTU); 0 keeps it.
+	LoopbackMTU int
+	// KeepCaps are the capabilities the init keeps once set up (bits).
+	KeepCaps uint64
+}
+
+// forkedMount is one fresh mount, as mount(2) takes it.
+type forkedMount struct {
+	Target, Type, Source, Data string
+	Flags                      uint64
 }
 
 // processConfig is what the process runtime's init does in place of a
@@ -238,7 +320,11 @@ func (c *initConfig) encode() ([]byte, error) {
 	str(cfgWorkDir, c.WorkDir)
 	str(cfgScript, c.Script)
 	if len(c.Argv) >= 2 {
-		for _, a := range driverArgv(c.Argv) {
+		argv := driverArgv(c.Argv)
+		if c.Template {
+			argv = append(argv, templateMarker)
+		}
+		for _, a := range argv {
 			str(cfgArg, a)
 		}
 	}
@@ -267,6 +353,32 @@ func (c *initConfig) encode() ([]byte, error) {
 	}
 	if len(c.Seccomp) > 0 {
 		field(cfgSeccomp, c.Seccomp)
+	}
+	flag(cfgTemplate, c.Template)
+	if f := c.Forked; f != nil {
+		for _, m := range f.Mounts {
+			v := binary.BigEndian.AppendUint64(nil, m.Flags)
+			for _, s := range []string{m.Target, m.Type, m.Source} {
+				if strings.IndexByte(s, 0) >= 0 || s == "" || len(s) > 4096 {
+					bad = append(bad, fmt.Sprintf("mount %q", m.Target))
+				}
+				v = binary.BigEndian.AppendUint16(v, uint16(len(s)))
+				v = append(v, s...)
+			}
+			if strings.IndexByte(m.Data, 0) >= 0 {
+				bad = append(bad, fmt.Sprintf("mount %q", m.Target))
+			}
+			field(cfgMount, append(v, m.Data...))
+		}
+		for _, p := range f.Masked {
+			str(cfgMask, p)
+		}
+		for _, p := range f.Readonly {
+			str(cfgReadonly, p)
+		}
+		str(cfgHostname, f.Hostname)
+		num(cfgLoopbackMTU, uint64(f.LoopbackMTU))
+		num(cfgKeepCaps, f.KeepCaps)
 	}
 	if len(bad) > 0 {
 		return nil, fmt.Errorf("the init's configuration has empty strings or strings with a NUL byte: %s", strings.Join(bad, ", "))
@@ -304,6 +416,8 @@ var protocol = []protoDef{
 	{"HOLD_ARG", holdMarker, "makes it the holder of a call slot's user namespace"},
 	{"PROBE_ARG", probeMarker, "makes it report what the process runtime can apply here"},
 	{"KILL_ARG", killMarker, "makes it kill every process of its own uid"},
+	{"FORKED_ARG", forkedMarker, "after INIT_ARG: a forked sandbox's init, its code's pid next"},
+	{"TEMPLATE_ARG", templateMarker, "after the script: the interpreter is a template's zygote"},
 	{"OUTPUTS_NAME", policy.OutputsName, "the dir under the work dir whose files come back"},
 	{"MAX_FRAME", maxFrame, "bound on a frame's payload, either way"},
 	{"EXIT_FRAME_LEN", exitFrameLen, "u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags"},
@@ -315,6 +429,7 @@ var protocol = []protoDef{
 	{"D_CELL", byte(dCell), "to the driver: a session's next call, u32 flags, u32 stdin length, stdin, code"},
 	{"D_VALUE", byte(dValue), "from the driver: the repr of the last expression"},
 	{"D_DONE", byte(dDone), "from the driver: a session's call ended, u32 exit status"},
+	{"D_READY", byte(dReady), "from a forked driver: it is confined and waits, u32 its pid"},
 	{"OPT_PERSIST", optPersist, "a session: the interpreter waits for the next call"},
 	{"OPT_LIVE", optLive, "the output is watched: stdout line-buffered"},
 	{"H_CONFIG", byte(hConfig), "the init's configuration: CFG_ fields, first and once"},
@@ -327,6 +442,7 @@ var protocol = []protoDef{
 	{"H_PERSIST", byte(hPersist), "a persistent session's call: the interpreter lives on"},
 	{"H_INTERRUPT", byte(hInterrupt), "SIGINT to the interpreter: a session's timeout"},
 	{"H_LIVE", byte(hLive), "the call's output is watched: stdout line-buffered"},
+	{"H_FORK", byte(hFork), "to a template: fork a call, u32 fds, u32 uid, u32 gid, BPF; fds as SCM_RIGHTS"},
 	{"I_READY", byte(iReady), "the interpreter waits for its code"},
 	{"I_STARTED", byte(iStarted), "the code is handed over: it runs from now"},
 	{"I_STDOUT", byte(iStdout), "stdout bytes, within the cap"},
@@ -339,6 +455,15 @@ var protocol = []protoDef{
 	{"I_ERROR", byte(iError), "the sandbox could not do what was asked: message"},
 	{"I_RESULT", byte(iResult), "the repr of the code's last expression, one byte past the cap at most"},
 	{"I_IDLE", byte(iIdle), "a session's call is over, all of it sent: the next may come"},
+	{"I_FORKED", byte(iForked), "from a template: the call's init is forked and in its cgroups, u32 pid"},
+	{"I_REAPED", byte(iReaped), "from a template: the call's init ended, u32 wait status"},
+	{"ZYGOTE_FD", zygoteFd, "the zygote's socket to its template's init"},
+	{"Z_FORK", byte(zFork), "to the zygote: a fork request, as H_FORK's, with its fds"},
+	{"Z_READY", byte(zReady), "from the zygote: it waits for forks"},
+	{"Z_FORKED", byte(zForked), "from the zygote: u32 pid, the call's init is in its cgroups"},
+	{"Z_REAPED", byte(zReaped), "from the zygote: u32 wait status of the call's init"},
+	{"Z_FAILED", byte(zFailed), "from the zygote: a fork failed, a message"},
+	{"FORKED_FIRST_FD", forkedFirstFd, "a forked init's code pipes: stdin, stdout, stderr, ctl, cell from here"},
 	{"CFG_UID", cfgUID, "number: the code's uid"},
 	{"CFG_GID", cfgGID, "number: the code's gid"},
 	{"CFG_MAX_OUTPUT", cfgMaxOutput, "number: cap of each of stdout and stderr"},
@@ -357,6 +482,13 @@ var protocol = []protoDef{
 	{"CFG_WRITE", cfgWrite, "string, each: a directory the code may write in"},
 	{"CFG_SECCOMP", cfgSeccomp, "bytes: a BPF program (struct sock_filter[], host order)"},
 	{"CFG_SCRATCH", cfgScratch, "number: bound on the bytes under the work dir"},
+	{"CFG_TEMPLATE", cfgTemplate, "number: 1 makes the init a template's"},
+	{"CFG_MOUNT", cfgMount, "u64 flags, then target, type, source each a u16 n and n bytes, then data; each: a fresh mount"},
+	{"CFG_MASK", cfgMask, "string, each: a path under /proc a forked sandbox hides"},
+	{"CFG_READONLY", cfgReadonly, "string, each: a path under /proc a forked sandbox makes read-only"},
+	{"CFG_HOSTNAME", cfgHostname, "string: a forked sandbox's hostname"},
+	{"CFG_LOOPBACK_MTU", cfgLoopbackMTU, "number: a forked sandbox's loopback MTU (0: the kernel's)"},
+	{"CFG_KEEP_CAPS", cfgKeepCaps, "number: the capabilities a forked sandbox's init keeps after its setup"},
 }
 
 // protocolHeader renders protocol as C.

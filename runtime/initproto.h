@@ -6,6 +6,8 @@
 #define HOLD_ARG             "__mcp_exec_userns__"  // makes it the holder of a call slot's user namespace
 #define PROBE_ARG            "__mcp_exec_probe__"   // makes it report what the process runtime can apply here
 #define KILL_ARG             "__mcp_exec_kill__"    // makes it kill every process of its own uid
+#define FORKED_ARG           "forked"               // after INIT_ARG: a forked sandbox's init, its code's pid next
+#define TEMPLATE_ARG         "--mcp-exec-template"  // after the script: the interpreter is a template's zygote
 #define OUTPUTS_NAME         "outputs"              // the dir under the work dir whose files come back
 #define MAX_FRAME            (64u << 20)            // bound on a frame's payload, either way
 #define EXIT_FRAME_LEN       32                     // u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags
@@ -17,6 +19,7 @@
 #define D_CELL               'c'                    // to the driver: a session's next call, u32 flags, u32 stdin length, stdin, code
 #define D_VALUE              'v'                    // from the driver: the repr of the last expression
 #define D_DONE               'd'                    // from the driver: a session's call ended, u32 exit status
+#define D_READY              'r'                    // from a forked driver: it is confined and waits, u32 its pid
 #define OPT_PERSIST          1                      // a session: the interpreter waits for the next call
 #define OPT_LIVE             2                      // the output is watched: stdout line-buffered
 #define H_CONFIG             'G'                    // the init's configuration: CFG_ fields, first and once
@@ -29,6 +32,7 @@
 #define H_PERSIST            'P'                    // a persistent session's call: the interpreter lives on
 #define H_INTERRUPT          'Q'                    // SIGINT to the interpreter: a session's timeout
 #define H_LIVE               'H'                    // the call's output is watched: stdout line-buffered
+#define H_FORK               'Y'                    // to a template: fork a call, u32 fds, u32 uid, u32 gid, BPF; fds as SCM_RIGHTS
 #define I_READY              'R'                    // the interpreter waits for its code
 #define I_STARTED            'S'                    // the code is handed over: it runs from now
 #define I_STDOUT             'O'                    // stdout bytes, within the cap
@@ -41,6 +45,15 @@
 #define I_ERROR              'W'                    // the sandbox could not do what was asked: message
 #define I_RESULT             'V'                    // the repr of the code's last expression, one byte past the cap at most
 #define I_IDLE               'Z'                    // a session's call is over, all of it sent: the next may come
+#define I_FORKED             'U'                    // from a template: the call's init is forked and in its cgroups, u32 pid
+#define I_REAPED             'A'                    // from a template: the call's init ended, u32 wait status
+#define ZYGOTE_FD            3                      // the zygote's socket to its template's init
+#define Z_FORK               'k'                    // to the zygote: a fork request, as H_FORK's, with its fds
+#define Z_READY              'r'                    // from the zygote: it waits for forks
+#define Z_FORKED             'f'                    // from the zygote: u32 pid, the call's init is in its cgroups
+#define Z_REAPED             'x'                    // from the zygote: u32 wait status of the call's init
+#define Z_FAILED             'w'                    // from the zygote: a fork failed, a message
+#define FORKED_FIRST_FD      3                      // a forked init's code pipes: stdin, stdout, stderr, ctl, cell from here
 #define CFG_UID              1                      // number: the code's uid
 #define CFG_GID              2                      // number: the code's gid
 #define CFG_MAX_OUTPUT       3                      // number: cap of each of stdout and stderr
@@ -59,3 +72,10 @@
 #define CFG_WRITE            16                     // string, each: a directory the code may write in
 #define CFG_SECCOMP          17                     // bytes: a BPF program (struct sock_filter[], host order)
 #define CFG_SCRATCH          18                     // number: bound on the bytes under the work dir
+#define CFG_TEMPLATE         19                     // number: 1 makes the init a template's
+#define CFG_MOUNT            20                     // u64 flags, then target, type, source each a u16 n and n bytes, then data; each: a fresh mount
+#define CFG_MASK             21                     // string, each: a path under /proc a forked sandbox hides
+#define CFG_READONLY         22                     // string, each: a path under /proc a forked sandbox makes read-only
+#define CFG_HOSTNAME         23                     // string: a forked sandbox's hostname
+#define CFG_LOOPBACK_MTU     24                     // number: a forked sandbox's loopback MTU (0: the kernel's)
+#define CFG_KEEP_CAPS        25                     // number: the capabilities a forked sandbox's init keeps after its setup

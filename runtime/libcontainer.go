@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -45,6 +46,8 @@ type Config struct {
 	// WorkDir is where the process runtime makes each call's dirs; the
 	// system's temp dir when empty.
 	WorkDir string
+	// Fork makes libcontainer's sandboxes forks of templates (fork.go).
+	Fork ForkConfig
 }
 
 func (c *Config) setDefaults() {
@@ -91,6 +94,9 @@ type LibcontainerRuntime struct {
 	cfg   Config
 	inst  *instance
 	slots *slots
+	// templates fork the sandboxes; nil when each is a fresh container.
+	templates *templates
+	filters   filterCache
 
 	live liveSet
 }
@@ -107,7 +113,11 @@ func NewLibcontainer(cfg Config) (*LibcontainerRuntime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &LibcontainerRuntime{cfg: cfg, inst: inst, slots: newSlots(cfg.UIDBase, cfg.SlotDir)}, nil
+	r := &LibcontainerRuntime{cfg: cfg, inst: inst, slots: newSlots(cfg.UIDBase, cfg.SlotDir)}
+	if cfg.Fork.Enabled {
+		r.templates = newTemplates(r, cfg.Fork)
+	}
+	return r, nil
 }
 
 func (r *LibcontainerRuntime) Kind() Kind        { return Libcontainer }
@@ -116,6 +126,9 @@ func (r *LibcontainerRuntime) InitDir() string   { return r.inst.initDir() }
 
 // Close kills every container still running and removes the instance.
 func (r *LibcontainerRuntime) Close() error {
+	if r.templates != nil {
+		r.templates.close()
+	}
 	errs := []error{r.live.closeAll()}
 	errs = append(errs, r.slots.close())
 	errs = append(errs, r.inst.close())
@@ -125,9 +138,43 @@ func (r *LibcontainerRuntime) Close() error {
 // Prepare creates the container in a call slot's user namespace and starts
 // its init, which starts the interpreter; it returns once the interpreter
 // waits for its code: namespaces, mounts, cgroups and the seccomp filter
-// are all in place then.
+// are all in place then. With forking on, the sandbox is a fork of a
+// template instead (fork.go); should the template fail, a fresh container.
 func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+	if r.templates == nil {
+		return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
+	}
+	tpl, err := r.templates.acquire(ctx, b)
+	if err == nil {
+		var sb Sandbox
+		if sb, err = prepare(ctx, &r.live, b, &forkContainer{rt: r, b: b, tpl: tpl}); err == nil || !errors.Is(err, errFork) {
+			return sb, err
+		}
+		// The failed sandbox removed b: the same again, for a container.
+		if b, err = bundle.New(filepath.Dir(b.Dir), b.Config, b.ID); err != nil {
+			return nil, fmt.Errorf("%w: creating bundle: %w", ErrSandbox, err)
+		}
+	}
+	if ctx.Err() != nil {
+		b.Remove()
+		return nil, ctx.Err()
+	}
+	r.cfg.Logger.Warn("a template could not fork the sandbox; making a fresh container", "err", err)
 	return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
+}
+
+// Forking says whether sandboxes are forked from templates, and how that
+// went.
+func (r *LibcontainerRuntime) Forking() ForkStatus {
+	if r.templates == nil {
+		return ForkStatus{}
+	}
+	return r.templates.status()
+}
+
+// seccompFilter is the BPF program of a spec's seccomp section.
+func (r *LibcontainerRuntime) seccompFilter(s *specs.LinuxSeccomp) ([]byte, error) {
+	return r.filters.compile(s)
 }
 
 // socketBytes is the spec's bound on socket buffers (see bundle), or 0.
@@ -144,6 +191,9 @@ type lcContainer struct {
 	b      *bundle.Bundle
 	slot   *slot
 	config *configs.Config
+	// template: the container is a template's (fork.go), whose init
+	// takes file descriptors over its stdin, a socket.
+	template bool
 
 	// Set by start, on the locked thread; read after it returned.
 	mu   sync.Mutex
@@ -176,9 +226,31 @@ func (lc *lcContainer) create(context.Context) error {
 	return nil
 }
 
-func (lc *lcContainer) stdio() (child, parent [3]*os.File, err error) { return pipes() }
+func (lc *lcContainer) stdio() (child, parent [3]*os.File, err error) {
+	child, parent, err = pipes()
+	if err != nil || !lc.template {
+		return child, parent, err
+	}
+	// The init's stdin a socket instead: forks come with descriptors.
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		closeAll(child[:])
+		closeAll(parent[:])
+		return child, parent, fmt.Errorf("creating the template's socket: %w", err)
+	}
+	child[0].Close()
+	parent[0].Close()
+	unix.Shutdown(fds[0], unix.SHUT_RD)
+	unix.Shutdown(fds[1], unix.SHUT_WR)
+	parent[0], child[0] = os.NewFile(uintptr(fds[0]), "template"), os.NewFile(uintptr(fds[1]), "template")
+	return child, parent, nil
+}
 
-func (lc *lcContainer) initConfig() (*initConfig, error) { return containerInit(lc.b), nil }
+func (lc *lcContainer) initConfig() (*initConfig, error) {
+	cfg := containerInit(lc.b)
+	cfg.Template = lc.template
+	return cfg, nil
+}
 
 func (lc *lcContainer) start(child [3]*os.File) error {
 	proc, err := processFromSpec(lc.b.Spec.Process)

@@ -66,8 +66,7 @@ type RunscRuntime struct {
 
 	live liveSet
 
-	filtersMu sync.Mutex
-	filters   map[string][]byte // exactSeccomp's, by section
+	filters filterCache // the exact filters the init installs
 }
 
 // NewRunsc checks that runsc can give the full sandbox on this host (the
@@ -158,7 +157,7 @@ func (rc *runscContainer) create(context.Context) error {
 	}
 	b.Spec.Linux.CgroupsPath = rc.rt.inst.cgroupPath(b.ID)
 	if s := b.Spec.Linux.Seccomp; s != nil {
-		bpf, err := rc.rt.exactSeccomp(s)
+		bpf, err := rc.rt.filters.compile(s)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrSandbox, err)
 		}

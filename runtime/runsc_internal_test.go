@@ -52,15 +52,15 @@ func TestGvisorSeccomp(t *testing.T) {
 // section, compiled once.
 func TestRunscExactSeccompCached(t *testing.T) {
 	r := &RunscRuntime{}
-	a, err := r.exactSeccomp(policy.Seccomp())
+	a, err := r.filters.compile(policy.Seccomp())
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := r.exactSeccomp(policy.Seccomp())
+	b, err := r.filters.compile(policy.Seccomp())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(a) == 0 || len(a)%8 != 0 || &a[0] != &b[0] {
-		t.Errorf("exactSeccomp: %d bytes, cached %v; want one compiled program", len(a), &a[0] == &b[0])
+		t.Errorf("filters.compile: %d bytes, cached %v; want one compiled program", len(a), &a[0] == &b[0])
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -50,27 +51,32 @@ func gvisorSeccomp(s *specs.LinuxSeccomp) *specs.LinuxSeccomp {
 	return &out
 }
 
-// exactSeccomp is the bundle's filter as the init installs it in the
-// code's process under runsc: compiled once per distinct section (every
-// call of a server has the same), by the library libcontainer uses.
-func (r *RunscRuntime) exactSeccomp(s *specs.LinuxSeccomp) ([]byte, error) {
+// filterCache compiles seccomp sections into BPF programs once per
+// distinct section (every call of a server has the same), by the library
+// libcontainer uses: the runsc init's exact filter, a forked sandbox's.
+type filterCache struct {
+	mu      sync.Mutex
+	filters map[string][]byte
+}
+
+func (fc *filterCache) compile(s *specs.LinuxSeccomp) ([]byte, error) {
 	key, err := json.Marshal(s)
 	if err != nil {
 		return nil, err
 	}
-	r.filtersMu.Lock()
-	defer r.filtersMu.Unlock()
-	if bpf, ok := r.filters[string(key)]; ok {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	if bpf, ok := fc.filters[string(key)]; ok {
 		return bpf, nil
 	}
 	bpf, err := compileSeccomp(s)
 	if err != nil {
 		return nil, err
 	}
-	if r.filters == nil {
-		r.filters = map[string][]byte{}
+	if fc.filters == nil {
+		fc.filters = map[string][]byte{}
 	}
-	r.filters[string(key)] = bpf
+	fc.filters[string(key)] = bpf
 	return bpf, nil
 }
 

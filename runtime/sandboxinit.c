@@ -75,6 +75,7 @@ struct init {
 	// session to it; -1 once closed.
 	int ctl, cellw;
 	struct buffer ctlbuf;
+	int forked;   // a forked sandbox's init: the code's process came made
 	int persist;  // H_PERSIST: the interpreter lives on after each call
 	int live;     // H_LIVE: this call's stdout is watched
 	int valued;   // this call's I_RESULT was sent
@@ -256,6 +257,29 @@ static void exec_code(const struct config *c, const int fds[5]) {
 	die("starting the interpreter");
 }
 
+// adopt_code takes the code's process a forked sandbox's interpreter made
+// before this init: its child, on the pipes whose ends came at
+// FORKED_FIRST_FD on. It is ready once it says it is confined
+// (on_forked_ready), which this init then checks.
+static void adopt_code(struct init *in, pid_t child) {
+	int fd = FORKED_FIRST_FD;
+	in->child = child;
+	in->stdin_w = fd++;
+	in->out = (struct stream){.fd = fd++, .type = I_STDOUT};
+	in->err = (struct stream){.fd = fd++, .type = I_STDERR};
+	in->ctl = fd++;
+	in->cellw = fd++;
+	for (int i = FORKED_FIRST_FD; i < fd; i++) {
+		if (fcntl(i, F_SETFD, FD_CLOEXEC) < 0)
+			die("taking the code's pipes");
+		if (i != in->cellw)
+			fcntl(i, F_SETFL, O_NONBLOCK);
+	}
+	int e = as_user(&in->c, make_outputs, NULL);
+	if (e != 0)
+		die_errno("creating the outputs dir", e);
+}
+
 // start_code spawns the interpreter on three fresh pipes.
 static void start_code(struct init *in) {
 	int pin[2], pout[2], perr[2], pctl[2], pcell[2];
@@ -419,6 +443,17 @@ static void on_ready(struct init *in, short revents) {
 	frame(I_READY, NULL, 0);
 }
 
+// started: the code has all it needs; its time runs from now.
+static void started(struct init *in) {
+	if (!in->persist && in->cellw >= 0) {
+		close(in->cellw);
+		in->cellw = -1;
+	}
+	in->phase = RUNNING;
+	clock_gettime(CLOCK_MONOTONIC, &in->t_started);
+	frame(I_STARTED, NULL, 0);
+}
+
 // on_feed feeds the code; once it is all in, the code runs. Closing the
 // FIFO gives the interpreter its EOF; the driver's pipe stays open for a
 // session's next call, and closes otherwise.
@@ -431,20 +466,16 @@ static void on_feed(struct init *in, short revents) {
 		close(in->fifo);
 		in->fifo = -1;
 	}
-	if (!in->persist && in->cellw >= 0) {
-		close(in->cellw);
-		in->cellw = -1;
-	}
-	in->phase = RUNNING;
-	clock_gettime(CLOCK_MONOTONIC, &in->t_started);
-	frame(I_STARTED, NULL, 0);
+	started(in);
 }
+
 
 // driver_flags are the call's options for the driver.
 static uint32_t driver_flags(const struct init *in) { return (in->persist ? OPT_PERSIST : 0) | (in->live ? OPT_LIVE : 0); }
 
 // feed_first: the script file, the options on the driver's pipe (it reads
-// them once its code is in), then the code into the FIFO.
+// them once its code is in), then the code into the FIFO. A forked
+// interpreter has no FIFO: the options tell it to read the file.
 static void feed_first(struct init *in) {
 	write_script(in);
 	unsigned char o[9] = {D_OPTIONS};
@@ -453,6 +484,11 @@ static void feed_first(struct init *in) {
 	if (write_all(in->cellw, o, sizeof o) < 0) {
 		close(in->cellw); // the interpreter is gone: the code never runs
 		in->cellw = -1;
+	}
+	if (in->forked) {
+		buf_reset(&in->code);
+		started(in);
+		return;
 	}
 	in->feed = in->code;
 	in->code = (struct buffer){0};
@@ -592,10 +628,29 @@ static void end_call(struct init *in, uint32_t status) {
 	in->phase = IDLE;
 }
 
+// on_forked_ready: a forked interpreter says it is confined. It is ready
+// once this init has seen for itself that it is.
+static void on_forked_ready(struct init *in, const unsigned char *p, uint32_t len) {
+	if (!in->forked || in->phase != STARTING || len != 4)
+		return;
+	const char *why = get_u32(p) == (uint32_t)in->child ? check_confined(&in->c, in->child) : "it is not the process it said";
+	if (why != NULL) {
+		kill(in->child, SIGKILL);
+		in->refused = 1;
+		char msg[320];
+		snprintf(msg, sizeof msg, "the forked interpreter is not confined: %s", why);
+		report(I_ERROR, msg, 0);
+		return;
+	}
+	in->phase = READY;
+	frame(I_READY, NULL, 0);
+}
+
 // driver_frame takes one frame of the driver. The code could have written
 // it: nothing in it is more than the call's own output.
 static void driver_frame(struct init *in, char type, const unsigned char *p, uint32_t len) {
 	switch (type) {
+	case D_READY: on_forked_ready(in, p, len); break;
 	case D_VALUE:
 		if ((in->phase == RUNNING || in->phase == EXITED) && !in->valued) {
 			in->valued = 1;
@@ -632,7 +687,7 @@ static void on_ctl(struct init *in, short revents) {
 	while (in->ctl >= 0 && buf_pending(&in->ctlbuf) >= 5) {
 		unsigned char *f = in->ctlbuf.p + in->ctlbuf.off;
 		uint32_t len = get_u32(f + 1);
-		if (len > MAX_FRAME || (f[0] != D_VALUE && f[0] != D_DONE)) {
+		if (len > MAX_FRAME || (f[0] != D_VALUE && f[0] != D_DONE && f[0] != D_READY)) {
 			close_ctl(in);
 			return;
 		}
@@ -665,7 +720,7 @@ static void on_scratch(struct init *in, short revents) {
 static int gather(struct init *in, struct source *s) {
 	int n = 0;
 	s[n++] = (struct source){0, POLLIN, on_host};
-	if (in->phase == STARTING)
+	if (in->phase == STARTING && in->ino >= 0)
 		s[n++] = (struct source){in->ino, POLLIN, on_ready};
 	if (in->phase == FEEDING)
 		s[n++] = (struct source){in->feed_fd, POLLOUT, on_feed};
@@ -713,6 +768,8 @@ static void serve(struct init *in) {
 		if (r == 0)
 			measure_scratch(in, 1);
 		for (int i = 0; i < n; i++) {
+			if (p[i].revents & POLLNVAL)
+				die_errno("polling a descriptor that is not open", EBADF);
 			if (p[i].revents & (src[i].events | POLLHUP | POLLERR))
 				src[i].handle(in, p[i].revents);
 		}
@@ -758,13 +815,24 @@ static void finish(struct init *in) {
 	frame(I_DONE, NULL, 0);
 }
 
-static int sandbox_init(void) {
+// sandbox_init is the init of a container, of the process runtime, of a
+// template (which only forks), or of a forked sandbox (forked: its code's
+// pid), whose namespaces it makes a fresh container's first.
+static int sandbox_init(pid_t forked) {
 	struct init in = {.stdin_w = -1, .fifo = -1, .ino = -1, .ctl = -1, .cellw = -1, .feed_fd = -1, .phase = STARTING};
 	guard(&in);
 	configure(&in);
 	catch_signals(&in);
-	prepare_script(&in);
-	start_code(&in);
+	if (in.c.template_mode)
+		template_serve(&in.c, in.sfd);
+	if (forked > 0) {
+		in.forked = 1;
+		setup_forked(&in.c);
+		adopt_code(&in, forked);
+	} else {
+		prepare_script(&in);
+		start_code(&in);
+	}
 	serve(&in);
 	finish(&in);
 	return 0;
@@ -774,8 +842,17 @@ __attribute__((constructor)) static void mcp_exec_reexec(int argc, char **argv, 
 	(void)envp;
 	if (argc < 2 || argv == NULL || argv[1] == NULL)
 		return;
-	if (strcmp(argv[1], INIT_ARG) == 0)
-		_exit(sandbox_init());
+	if (strcmp(argv[1], INIT_ARG) == 0) {
+		pid_t forked = 0;
+		if (argc == 4 && strcmp(argv[2], FORKED_ARG) == 0) {
+			char *end;
+			long pid = strtol(argv[3], &end, 10);
+			if (*end != '\0' || pid <= 1)
+				die_errno("usage: init " INIT_ARG " " FORKED_ARG " PID", EINVAL);
+			forked = (pid_t)pid;
+		}
+		_exit(sandbox_init(forked));
+	}
 	if (strcmp(argv[1], HOLD_ARG) == 0)
 		_exit(userns_hold());
 	if (strcmp(argv[1], PROBE_ARG) == 0)

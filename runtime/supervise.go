@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Grace periods of the supervision, all counted on the host's clock.
@@ -171,6 +173,10 @@ func (s *initConn) read(from *os.File) {
 			s.mu.Unlock()
 		case iError:
 			s.events <- event{kind: iError, msg: string(payload)}
+		case iForked, iReaped:
+			if n == 4 {
+				s.events <- event{kind: head[0], at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload))}
+			}
 		default:
 			s.events <- event{kind: head[0], at: time.Now()}
 		}
@@ -301,6 +307,33 @@ func (s *initConn) send(req Request) {
 		writeFrame(w, hCode, req.Code)
 		w.Flush()
 	}()
+}
+
+// forkRequest sends a template's init a fork with the call's descriptors,
+// which go over its stdin, a socket, with the frame's first bytes.
+func (s *initConn) forkRequest(payload []byte, fds []int) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	msg := frame(hFork, payload)
+	raw, err := s.to.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var n int
+	var serr error
+	if err := raw.Write(func(fd uintptr) bool {
+		n, serr = unix.SendmsgN(int(fd), msg, unix.UnixRights(fds...), nil, 0)
+		return serr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("sending a fork to the template: %w", serr)
+	}
+	if _, err := s.to.Write(msg[n:]); err != nil {
+		return fmt.Errorf("sending a fork to the template: %w", err)
+	}
+	return nil
 }
 
 // kill asks the init to kill the code; its answer follows as usual.

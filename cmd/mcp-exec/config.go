@@ -30,15 +30,20 @@ type config struct {
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
 	policy.CallCaps
-	Runtime        runtime.Kind
-	Rootfs         string // empty: build from Python into the cache
-	Python         string // empty: /usr/bin/python3, else python3 on PATH
-	RootfsImage    string
-	Packages       []string
-	Shell          bool
-	Preload        []string
-	PackagesDir    string
-	PoolSize       int // -1: adaptive
+	Runtime     runtime.Kind
+	Rootfs      string // empty: build from Python into the cache
+	Python      string // empty: /usr/bin/python3, else python3 on PATH
+	RootfsImage string
+	Packages    []string
+	Shell       bool
+	Preload     []string
+	PackagesDir string
+	PoolSize    int // -1: adaptive
+	// Fork makes libcontainer's sandboxes forks of templates, each of
+	// which serves ForkMaxCalls calls for ForkMaxAge at most.
+	Fork           bool
+	ForkMaxCalls   int
+	ForkMaxAge     time.Duration
 	Limits         policy.Limits
 	MaxConcurrency int
 	MaxQueued      int
@@ -77,6 +82,9 @@ func defaultConfig() config {
 		PersistentLifetime: 3600 * time.Second,
 		SessionIdle:        600 * time.Second,
 		PoolSize:           -1,
+		Fork:               true,
+		ForkMaxCalls:       runtime.DefaultForkMaxCalls,
+		ForkMaxAge:         runtime.DefaultForkMaxAge,
 		MaxSessions:        1000,
 		StateDir:           runtime.DefaultStateDir,
 	}
@@ -113,6 +121,9 @@ func (c *config) settings(serverOnly bool) []setting {
 				}
 				return strconv.Itoa(n)
 			}}},
+		{"MCP_EXEC_FORK", "fork", "libcontainer: fork each sandbox from a template interpreter that never runs a call's code (fresh namespaces, cgroups and /tmp per call); false: a fresh container per call from the start", boolean(&c.Fork)},
+		{"MCP_EXEC_FORK_MAX_CALLS", "fork-max-calls", "calls a template forks sandboxes for before it is replaced", integer(&c.ForkMaxCalls, 1)},
+		{"MCP_EXEC_FORK_MAX_AGE_S", "fork-max-age", "seconds after which a template is replaced", seconds(&c.ForkMaxAge)},
 		{"MCP_EXEC_PACKAGES_DIR", "packages-dir", "a directory of importable packages (e.g. pip install --target DIR), mounted read-only on the import path", str(&c.PackagesDir)},
 		{"MCP_EXEC_MEMORY_MB", "memory-mb", "memory limit per call in MiB (tmpfs pages count too)", byteCount(&c.Limits.MemoryBytes, mib, policy.MinMemoryBytes/mib)},
 		{"MCP_EXEC_PIDS", "pids", "process/thread limit per call", integer(&c.Limits.Pids, policy.MinPids)},

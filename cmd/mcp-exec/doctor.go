@@ -46,6 +46,12 @@ type runtimeReport struct {
 	// Process is what each call gets under the process runtime, when it is
 	// the one used, and what this host lacks of it.
 	Process *runtime.ProcessIsolation `json:"process,omitempty"`
+	// Sandboxes says how each call's sandbox is made: forked from a
+	// template (libcontainer with MCP_EXEC_FORK), or a fresh container
+	// (or process) from the start; Fork is what the proving run's forks
+	// did.
+	Sandboxes string              `json:"sandboxes,omitempty"`
+	Fork      *runtime.ForkStatus `json:"fork,omitempty"`
 }
 
 const (
@@ -161,6 +167,11 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 				iso := p.Isolation()
 				r.Runtime.Process = &iso
 			}
+			r.Runtime.Sandboxes = sandboxesMade(sb.rt, cfg)
+			if lc, ok := sb.rt.(*runtime.LibcontainerRuntime); ok && cfg.Fork {
+				st := lc.Forking()
+				r.Runtime.Fork = &st
+			}
 			r.Rootfs.Dir = sb.bundleCfg.Rootfs
 			r.Rootfs.Python = sb.bundleCfg.Python
 			r.Rootfs.PythonVersion = sb.pythonVersion
@@ -246,6 +257,9 @@ func printReport(w io.Writer, r report) {
 	if r.Rootfs.Error != "" {
 		fmt.Fprintf(w, "  error:   %s\n", r.Rootfs.Error)
 	}
+	if r.Runtime.Sandboxes != "" {
+		fmt.Fprintf(w, "sandboxes: %s\n", r.Runtime.Sandboxes)
+	}
 	sel := string(r.Runtime.Selected)
 	if r.Runtime.Resolved != "" && r.Runtime.Resolved != r.Runtime.Selected {
 		sel += " → " + string(r.Runtime.Resolved)
@@ -273,6 +287,29 @@ func printReport(w io.Writer, r report) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// sandboxesMade says how rt makes each call's sandbox, from what its
+// proving run did.
+func sandboxesMade(rt runtime.Runtime, cfg config) string {
+	lc, ok := rt.(*runtime.LibcontainerRuntime)
+	switch {
+	case rt.Kind() == runtime.Process:
+		return "a fresh confined process per call"
+	case !ok:
+		return "a fresh container per call"
+	case !cfg.Fork:
+		return "a fresh container per call (MCP_EXEC_FORK=false)"
+	}
+	st := lc.Forking()
+	switch {
+	case st.Disabled != "":
+		return "a fresh container per call: forking from a template failed here (" + st.Disabled + ")"
+	case st.Forks == 0 && st.LastError != "":
+		return "a fresh container per call: the proving fork failed (" + st.LastError + "); the server tries forking again, and makes a fresh container for each call a fork fails"
+	}
+	return fmt.Sprintf("forked from a template per call (MCP_EXEC_FORK=true; templates replaced after MCP_EXEC_FORK_MAX_CALLS=%d calls or MCP_EXEC_FORK_MAX_AGE_S=%g s)",
+		cfg.ForkMaxCalls, cfg.ForkMaxAge.Seconds())
 }
 
 func userNS(h host.Host) string {

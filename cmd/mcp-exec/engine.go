@@ -95,6 +95,7 @@ func newRuntime(cfg config, log *slog.Logger) (runtime.Runtime, string, error) {
 		Logger:        log,
 		RunscPath:     cfg.RunscPath,
 		RunscPlatform: cfg.RunscPlatform,
+		Fork:          runtime.ForkConfig{Enabled: cfg.Fork, MaxCalls: cfg.ForkMaxCalls, MaxAge: cfg.ForkMaxAge},
 	}
 	if cfg.Shell {
 		// The process runtime runs the host's own tools where a container

@@ -1,0 +1,598 @@
+package runtime
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/moby/sys/capability"
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/manager"
+	"github.com/opencontainers/runc/libcontainer/configs"
+	"github.com/opencontainers/runc/libcontainer/specconv"
+	"golang.org/x/sys/unix"
+
+	"github.com/inhuman/mcp-exec/bundle"
+)
+
+// Forked sandboxes. Starting a container costs a call several times what
+// starting bare Python does (namespaces, mounts, cgroups, runc's init
+// stage, the interpreter's own start), and a pool only moves that work
+// off the call's time. A forked sandbox skips most of it: a template — a
+// libcontainer sandbox made as every other, the same rootfs, packages
+// and preloads — starts its interpreter as a zygote that never runs a
+// caller's code. Each call is a fork of it into new mount, pid, network,
+// ipc, uts and cgroup namespaces and the call's own cgroups, where this
+// executable, started again by the fork as the call's init, makes what a
+// fresh container has (its /proc, masked; fresh /tmp, /dev/shm and
+// /code; the hostname; lo), and the code's process, forked beside it,
+// drops to the code's uid with no capability, no_new_privs and the
+// sandbox's seccomp filter before the init lets it read any code (the
+// init checks it from outside). From there a call runs and is torn down
+// exactly as any sandbox's (sandbox.go, supervise.go).
+//
+// A template lives in a call slot (slots.go) for its whole life and forks
+// one sandbox at a time: the kernel's per-user counts are then shared by
+// no two sandboxes, as with fresh containers. What the forks of one
+// template do share — the interpreter's memory as the template left it,
+// its string hash secret, its address-space layout — is why a template
+// serves a bounded number of calls for a bounded time (ForkConfig), and
+// is set out in docs/sandbox.md.
+
+// ForkConfig configures forked sandboxes (libcontainer only).
+type ForkConfig struct {
+	// Enabled forks each sandbox from a template; otherwise each is a
+	// container of its own from the start.
+	Enabled bool
+	// MaxCalls and MaxAge bound a template's life: past either it is
+	// replaced once its current call ends. DefaultForkMaxCalls and
+	// DefaultForkMaxAge when 0.
+	MaxCalls int
+	MaxAge   time.Duration
+}
+
+const (
+	DefaultForkMaxCalls = 500
+	DefaultForkMaxAge   = 10 * time.Minute
+	// templateIdle is how long an unused template is kept.
+	templateIdle = 2 * time.Minute
+	// forkTimeout bounds a template's answer to a fork: the fork itself,
+	// and the call's init in its cgroups.
+	forkTimeout = 10 * time.Second
+	// forkFailuresToStop is how many forks in a row may fail before the
+	// runtime makes fresh containers instead, for good.
+	forkFailuresToStop = 3
+)
+
+func (c *ForkConfig) setDefaults() {
+	if c.MaxCalls <= 0 {
+		c.MaxCalls = DefaultForkMaxCalls
+	}
+	if c.MaxAge <= 0 {
+		c.MaxAge = DefaultForkMaxAge
+	}
+}
+
+// errFork refines ErrSandbox: the template failed, not the call; a fresh
+// container can take the call instead.
+var errFork = errors.New("the template could not fork the sandbox")
+
+// template is one template sandbox and what it has served.
+type template struct {
+	key  string
+	sb   *sandbox
+	fork *forkedSetup
+	born time.Time
+	// Guarded by templates.mu.
+	calls    int
+	lastUsed time.Time
+}
+
+// forkedSetup is what every fork of a template is given: its init's
+// configuration of the fresh namespaces, the code's seccomp filter, and
+// the cgroup configuration its calls' cgroups are made from.
+type forkedSetup struct {
+	config *forkedConfig
+	bpf    []byte
+	cgroup *cgroups.Cgroup
+}
+
+// templates are a runtime's templates, by the configuration of the
+// sandboxes they fork.
+type templates struct {
+	rt  *LibcontainerRuntime
+	cfg ForkConfig
+
+	mu       sync.Mutex
+	idle     []*template
+	busy     map[*template]bool
+	failures int    // in a row
+	forks    int64  // sandboxes forked and torn down whole
+	lastErr  string // the last failure
+	disabled string // why forking stopped; "" while it goes on
+	closed   bool
+	stop     chan struct{}
+	done     sync.WaitGroup
+}
+
+func newTemplates(rt *LibcontainerRuntime, cfg ForkConfig) *templates {
+	cfg.setDefaults()
+	ts := &templates{rt: rt, cfg: cfg, busy: map[*template]bool{}, stop: make(chan struct{})}
+	ts.done.Add(1)
+	go ts.sweep()
+	return ts
+}
+
+// templateKey names the sandboxes a template can fork: those of one
+// bundle configuration, whatever their CPU weight.
+func templateKey(cfg bundle.Config) string {
+	cfg.Ahead, cfg.Template = false, false
+	b, _ := json.Marshal(cfg)
+	return string(b)
+}
+
+// acquire returns a template for b's sandboxes that nothing else uses,
+// starting one when none waits.
+func (ts *templates) acquire(ctx context.Context, b *bundle.Bundle) (*template, error) {
+	key := templateKey(b.Config)
+	var stale []*template
+	ts.mu.Lock()
+	if ts.closed || ts.disabled != "" {
+		why := ts.disabled
+		ts.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w: forking is off (%s)", ErrSandbox, errFork, why)
+	}
+	var t *template
+	for i := len(ts.idle) - 1; i >= 0; i-- {
+		c := ts.idle[i]
+		if c.key != key {
+			continue
+		}
+		ts.idle = slices.Delete(ts.idle, i, i+1)
+		if !ts.usable(c) {
+			stale = append(stale, c)
+			continue
+		}
+		t = c
+		break
+	}
+	if t != nil {
+		ts.busy[t] = true
+	}
+	ts.mu.Unlock()
+	for _, s := range stale {
+		ts.retire(s)
+	}
+	if t != nil {
+		return t, nil
+	}
+	t, err := ts.start(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.closed {
+		go t.sb.Close()
+		return nil, fmt.Errorf("%w: runtime is closed", ErrSandbox)
+	}
+	ts.busy[t] = true
+	return t, nil
+}
+
+// usable: alive, and within its bounds. ts.mu is held.
+func (ts *templates) usable(t *template) bool {
+	select {
+	case <-t.sb.done:
+		return false
+	default:
+	}
+	return t.sb.status() == ready && t.calls < ts.cfg.MaxCalls && time.Since(t.born) < ts.cfg.MaxAge
+}
+
+// start makes a template for b's configuration: a sandbox of its own,
+// ready once its zygote is.
+func (ts *templates) start(ctx context.Context, b *bundle.Bundle) (*template, error) {
+	cfg := b.Config
+	cfg.Ahead, cfg.Template = false, true
+	tb, err := bundle.New(ts.rt.BundleDir(), cfg, uuid.NewString())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w: creating the template's bundle: %w", ErrSandbox, errFork, err)
+	}
+	setup, err := ts.setup(b)
+	if err != nil {
+		tb.Remove()
+		return nil, fmt.Errorf("%w: %w: %w", ErrSandbox, errFork, err)
+	}
+	sb, err := prepare(ctx, &ts.rt.live, tb, &lcContainer{rt: ts.rt, b: tb, template: true})
+	if err != nil {
+		ts.failed(err)
+		return nil, fmt.Errorf("%w: starting a template: %w", errFork, err)
+	}
+	now := time.Now()
+	return &template{key: templateKey(b.Config), sb: sb.(*sandbox), fork: setup, born: now, lastUsed: now}, nil
+}
+
+// setup derives what the forks of b's template are given from b's spec:
+// the fresh mounts, masks and hostname a container of it would have, the
+// seccomp filter, the init's capabilities once set up, the cgroups.
+func (ts *templates) setup(b *bundle.Bundle) (*forkedSetup, error) {
+	spec := *b.Spec
+	linux := *spec.Linux
+	spec.Linux = &linux
+	linux.CgroupsPath = ts.rt.inst.cgroupPath("template")
+	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{CgroupName: b.ID, Spec: &spec})
+	if err != nil {
+		return nil, fmt.Errorf("converting spec: %w", err)
+	}
+	fc := &forkedConfig{Masked: slices.Clone(linux.MaskedPaths), Readonly: slices.Clone(linux.ReadonlyPaths), Hostname: spec.Hostname}
+	// Fresh: proc, and each tmpfs that holds no other mount (not /dev,
+	// whose device nodes are the template's binds, read-only to the code).
+	holds := func(dir string) bool {
+		return slices.ContainsFunc(config.Mounts, func(o *configs.Mount) bool { return strings.HasPrefix(o.Destination, dir+"/") })
+	}
+	for _, m := range config.Mounts {
+		if m.Device == "proc" || (m.Device == "tmpfs" && !holds(m.Destination)) {
+			fc.Mounts = append(fc.Mounts, forkedMount{Target: m.Destination, Type: m.Device, Source: m.Source, Data: m.Data, Flags: uint64(m.Flags)})
+		}
+	}
+	if !slices.ContainsFunc(fc.Mounts, func(m forkedMount) bool { return m.Type == "proc" }) ||
+		!slices.ContainsFunc(fc.Mounts, func(m forkedMount) bool { return m.Target == b.Init.WorkDir }) {
+		return nil, fmt.Errorf("the spec has no /proc or no tmpfs at the work dir %s, which a forked sandbox needs", b.Init.WorkDir)
+	}
+	if !cgroups.IsCgroup2UnifiedMode() {
+		fc.LoopbackMTU = loopbackMTU // as shrinkLoopback does for a container
+	}
+	if c := spec.Process.Capabilities; c != nil {
+		for _, name := range c.Effective {
+			cp, err := capabilityByName(name)
+			if err != nil {
+				return nil, err
+			}
+			fc.KeepCaps |= 1 << uint(cp)
+		}
+	}
+	if linux.Seccomp == nil {
+		return nil, errors.New("the spec has no seccomp filter")
+	}
+	bpf, err := ts.rt.seccompFilter(linux.Seccomp)
+	if err != nil {
+		return nil, err
+	}
+	return &forkedSetup{config: fc, bpf: bpf, cgroup: config.Cgroups}, nil
+}
+
+// capabilityByName is the number of a capability the spec names.
+func capabilityByName(name string) (capability.Cap, error) {
+	for _, c := range capability.ListKnown() {
+		if "CAP_"+strings.ToUpper(c.String()) == name {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown capability %q", name)
+}
+
+// release takes a template back after a call's sandbox is gone: ready
+// for the next, or replaced when it failed or is past its bounds.
+func (ts *templates) release(t *template, ok bool) {
+	ts.mu.Lock()
+	delete(ts.busy, t)
+	t.calls++
+	t.lastUsed = time.Now()
+	if ok {
+		ts.forks++
+		ts.failures = 0
+	}
+	keep := ok && !ts.closed && ts.usable(t)
+	if keep {
+		ts.idle = append(ts.idle, t)
+	}
+	ts.mu.Unlock()
+	if !keep {
+		ts.retire(t)
+	}
+}
+
+// failed counts a template that could not start or fork; past
+// forkFailuresToStop in a row, forking stops for this runtime.
+func (ts *templates) failed(err error) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.failures++
+	ts.lastErr = err.Error()
+	if ts.failures >= forkFailuresToStop && ts.disabled == "" {
+		ts.disabled = err.Error()
+		ts.rt.cfg.Logger.Error("forked sandboxes failed; every sandbox is a fresh container from now on", "err", err)
+	}
+}
+
+// retire closes a template in the background.
+func (ts *templates) retire(t *template) {
+	ts.done.Add(1)
+	go func() {
+		defer ts.done.Done()
+		if err := t.sb.Close(); err != nil {
+			ts.rt.cfg.Logger.Warn("closing a template", "err", err)
+		}
+	}()
+}
+
+// sweep closes templates unused for templateIdle.
+func (ts *templates) sweep() {
+	defer ts.done.Done()
+	tick := time.NewTicker(templateIdle / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ts.stop:
+			return
+		case <-tick.C:
+		}
+		ts.mu.Lock()
+		var old []*template
+		ts.idle = slices.DeleteFunc(ts.idle, func(t *template) bool {
+			if time.Since(t.lastUsed) > templateIdle || !ts.usable(t) {
+				old = append(old, t)
+				return true
+			}
+			return false
+		})
+		ts.mu.Unlock()
+		for _, t := range old {
+			ts.retire(t)
+		}
+	}
+}
+
+// close closes every idle template; the busy ones are the runtime's
+// live sandboxes' and close with them.
+func (ts *templates) close() {
+	ts.mu.Lock()
+	if ts.closed {
+		ts.mu.Unlock()
+		return
+	}
+	ts.closed = true
+	idle := ts.idle
+	ts.idle = nil
+	ts.mu.Unlock()
+	close(ts.stop)
+	for _, t := range idle {
+		ts.retire(t)
+	}
+	ts.done.Wait()
+}
+
+// ForkStatus says what forking has done in a runtime.
+type ForkStatus struct {
+	// Enabled: sandboxes are forked from templates (ForkConfig.Enabled),
+	// until Disabled says why no longer.
+	Enabled  bool   `json:"enabled"`
+	Disabled string `json:"disabled,omitempty"`
+	// Forks is how many forked sandboxes served a call; LastError is the
+	// last fork that failed (its call then got a fresh container).
+	Forks     int64  `json:"forks"`
+	LastError string `json:"last_error,omitempty"`
+	// Templates waiting, and serving a call.
+	Idle, Busy int `json:"-"`
+}
+
+func (ts *templates) status() ForkStatus {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ForkStatus{Enabled: true, Disabled: ts.disabled, Forks: ts.forks, LastError: ts.lastErr, Idle: len(ts.idle), Busy: len(ts.busy)}
+}
+
+// forkContainer is one forked sandbox: a call's cgroups, and the call's
+// init and code, forked from a template's zygote.
+type forkContainer struct {
+	rt  *LibcontainerRuntime
+	b   *bundle.Bundle
+	tpl *template
+
+	cg    cgroups.Manager
+	paths map[string]string
+	procs []*os.File
+
+	// forked: the template took the fork; its init's end is awaited.
+	forked bool
+	reaped chan struct{}
+	broken bool // the template failed this fork
+}
+
+// create makes the call's cgroups, with the limits of its spec, and opens
+// their cgroup.procs files, which the fork moves itself into.
+func (fc *forkContainer) create(context.Context) error {
+	path := fc.rt.inst.cgroupPath(fc.b.ID)
+	fc.b.Spec.Linux.CgroupsPath = path
+	cg := *fc.tpl.fork.cgroup
+	res := *cg.Resources
+	cg.Resources, cg.Path, cg.Name, cg.Parent = &res, path, "", ""
+	if r := fc.b.Spec.Linux.Resources; r != nil && r.CPU != nil && r.CPU.Shares != nil {
+		res.CpuShares = *r.CPU.Shares
+	}
+	m, err := manager.New(&cg)
+	if err != nil {
+		return fmt.Errorf("%w: the call's cgroups: %w", ErrSandbox, err)
+	}
+	fc.cg = m
+	if err := m.Apply(-1); err != nil {
+		return fmt.Errorf("%w: creating the call's cgroups: %w", ErrSandbox, err)
+	}
+	fc.paths = m.GetPaths()
+	if err := m.Set(&res); err != nil {
+		return fmt.Errorf("%w: setting the call's limits: %w", ErrSandbox, err)
+	}
+	if err := limitSockets(fc.paths, socketBytes(fc.b.Spec)); err != nil {
+		return fmt.Errorf("%w: %w", ErrSandbox, err)
+	}
+	for _, p := range fc.paths {
+		f, err := os.OpenFile(filepath.Join(p, "cgroup.procs"), os.O_WRONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%w: opening the call's cgroups: %w", ErrSandbox, err)
+		}
+		fc.procs = append(fc.procs, f)
+	}
+	return nil
+}
+
+func (fc *forkContainer) stdio() (child, parent [3]*os.File, err error) { return pipes() }
+
+// start has the template fork the sandbox: the call's init gets child as
+// its stdio, and returns once it is in the call's cgroups.
+func (fc *forkContainer) start(child [3]*os.File) error {
+	fds := []int{int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd())}
+	for _, f := range fc.procs {
+		fds = append(fds, int(f.Fd()))
+	}
+	req := binary.BigEndian.AppendUint32(nil, uint32(len(fds)))
+	req = binary.BigEndian.AppendUint32(req, fc.b.Init.UID)
+	req = binary.BigEndian.AppendUint32(req, fc.b.Init.GID)
+	req = append(req, fc.tpl.fork.bpf...)
+	fc.reaped = make(chan struct{})
+	err := fc.tpl.sb.conn.forkRequest(req, fds)
+	closeAll(fc.procs)
+	fc.procs = nil
+	if err == nil {
+		err = fc.awaitForked()
+	}
+	if err != nil {
+		fc.broken = true
+		close(fc.reaped)
+		return fmt.Errorf("%w: %w: %w", ErrSandbox, errFork, err)
+	}
+	fc.forked = true
+	go fc.awaitReaped()
+	return nil
+}
+
+// awaitForked waits for the template to say the fork is made.
+func (fc *forkContainer) awaitForked() error {
+	timer := time.NewTimer(forkTimeout)
+	defer timer.Stop()
+	conn := fc.tpl.sb.conn
+	for {
+		select {
+		case ev := <-conn.events:
+			switch ev.kind {
+			case iForked:
+				return nil
+			case iError:
+				return errors.New(ev.msg)
+			case 0:
+				return fmt.Errorf("the template ended: %s", conn.failure())
+			}
+		case <-timer.C:
+			fc.tpl.sb.c.kill()
+			return fmt.Errorf("the template did not fork within %v", forkTimeout)
+		}
+	}
+}
+
+// awaitReaped waits for the template to reap the call's init, or to end.
+func (fc *forkContainer) awaitReaped() {
+	defer close(fc.reaped)
+	conn := fc.tpl.sb.conn
+	for {
+		select {
+		case ev := <-conn.events:
+			switch ev.kind {
+			case iReaped:
+				return
+			case iError, 0:
+				fc.broken = true
+				return
+			}
+		case <-fc.tpl.sb.done:
+			fc.broken = true
+			return
+		}
+	}
+}
+
+func (fc *forkContainer) wait() { <-fc.reaped }
+
+// started checks that the call's init is in the call's cgroups: the
+// fork moved itself there, and the limits hold only if it did.
+func (fc *forkContainer) started() error {
+	for name, p := range fc.paths {
+		if !cgroupHasProcs(p) {
+			return fmt.Errorf("%w: the forked sandbox is not in its %s cgroup", ErrSandbox, name)
+		}
+	}
+	return nil
+}
+
+func (fc *forkContainer) initConfig() (*initConfig, error) {
+	cfg := containerInit(fc.b)
+	cfg.Forked, cfg.Seccomp = fc.tpl.fork.config, fc.tpl.fork.bpf
+	return cfg, nil
+}
+
+// kill SIGKILLs every process of the call's cgroups: its init, pid 1 of
+// the call's pid namespace, takes the rest with it.
+func (fc *forkContainer) kill() {
+	for _, p := range fc.paths {
+		killCgroupProcs(p)
+	}
+}
+
+func (fc *forkContainer) verdict(res *Result)           { cgroupVerdict(fc.paths, res) }
+func (fc *forkContainer) sockets() (int64, int64, bool) { return cgroupSockets(fc.paths) }
+func (fc *forkContainer) cpu() time.Duration            { return cgroupCPU(fc.paths) }
+func (fc *forkContainer) waitsForExit() bool            { return false }
+
+// explain adds what the template's interpreter said, if anything: a fork
+// that failed before the call's init could say why says it there.
+func (fc *forkContainer) explain(err error) error {
+	if msg := fc.tpl.sb.conn.failure(); msg != "no message" {
+		return fmt.Errorf("%w (the template: %s)", err, msg)
+	}
+	return err
+}
+
+func (fc *forkContainer) foreground() error {
+	if !preparedAhead(fc.b.Spec) {
+		return nil
+	}
+	return cgroupForeground(fc.paths)
+}
+
+func (fc *forkContainer) deadline(at time.Time) {
+	if at.IsZero() {
+		fc.rt.inst.wd.disarm(fc.b.Spec.Linux.CgroupsPath)
+	} else {
+		fc.rt.inst.wd.arm(fc.b.Spec.Linux.CgroupsPath, at)
+	}
+}
+
+// destroy gives the template back, once nothing of the call is left in
+// its namespaces, and removes the call's cgroups.
+func (fc *forkContainer) destroy() error {
+	closeAll(fc.procs)
+	if fc.tpl != nil {
+		if fc.reaped != nil {
+			<-fc.reaped
+		}
+		fc.rt.templates.release(fc.tpl, !fc.broken)
+		if fc.broken {
+			fc.rt.templates.failed(errors.New("a template failed a fork"))
+		}
+	}
+	var errs []error
+	for _, p := range fc.paths {
+		if err := removeCgroup(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
