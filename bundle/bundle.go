@@ -125,8 +125,9 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// New creates the bundle directory parent/<id> (mode 0700) with the spec
-// in config.json. On error nothing is left behind.
+// New creates the bundle directory parent/<id> (mode 0700) and the spec;
+// a runtime that reads the spec from disk writes it there (WriteSpec),
+// once it has set what is its own. On error nothing is left behind.
 func New(parent string, cfg Config, id string) (_ *Bundle, retErr error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -143,15 +144,11 @@ func New(parent string, cfg Config, id string) (_ *Bundle, retErr error) {
 			os.RemoveAll(dir)
 		}
 	}()
-	b := &Bundle{ID: id, Dir: dir, Spec: Spec(cfg), Init: initFor(cfg), Config: cfg}
-	if err := b.WriteSpec(); err != nil {
-		return nil, err
-	}
-	return b, nil
+	return &Bundle{ID: id, Dir: dir, Spec: Spec(cfg), Init: initFor(cfg), Config: cfg}, nil
 }
 
-// WriteSpec (re)writes config.json from b.Spec; runtimes that read the
-// bundle from disk call it after setting the cgroup path.
+// WriteSpec writes config.json from b.Spec; runtimes that read the bundle
+// from disk call it after setting the cgroup path.
 func (b *Bundle) WriteSpec() error {
 	data, err := jsonMarshal(b.Spec)
 	if err != nil {

@@ -185,6 +185,12 @@ func TestNewWritesBundle(t *testing.T) {
 	if fi, err := os.Stat(b.Dir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("bundle dir mode = %v (%v), want 0700", fi.Mode().Perm(), err)
 	}
+	if entries, _ := os.ReadDir(b.Dir); len(entries) != 0 {
+		t.Errorf("new bundle dir holds %d entries, want none (the spec is written by a runtime that reads it)", len(entries))
+	}
+	if err := b.WriteSpec(); err != nil {
+		t.Fatal(err)
+	}
 	if entries, _ := os.ReadDir(b.Dir); len(entries) != 1 {
 		t.Errorf("bundle dir holds %d entries, want config.json only (the code comes through the init)", len(entries))
 	}

@@ -44,13 +44,14 @@ func InitCapabilities() *specs.LinuxCapabilities {
 // its interpreter (forked sandboxes): the init's, and what making a call's
 // sandbox takes — new mount, pid, network, ipc, uts and cgroup namespaces
 // and the mounts in them (CAP_SYS_ADMIN), lo brought up in the new network
-// namespace (CAP_NET_ADMIN). Like the init's, they hold only in the call
+// namespace (CAP_NET_ADMIN), the code's process joining the call's mount
+// namespace (CAP_SYS_CHROOT). Like the init's, they hold only in the call
 // slot's user namespace. No caller's code runs with them: each fork
 // empties all five sets before it reads any code, and the call's init
 // keeps no more than InitCapabilities once the sandbox is made.
 func TemplateCapabilities() *specs.LinuxCapabilities {
 	c := InitCapabilities()
-	for _, add := range []string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN"} {
+	for _, add := range []string{"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_CHROOT"} {
 		c.Bounding = append(c.Bounding, add)
 		c.Effective = append(c.Effective, add)
 		c.Permitted = append(c.Permitted, add)

@@ -158,10 +158,11 @@ func seccompFor(goarch string) *specs.LinuxSeccomp {
 
 // TemplateSeccomp returns the filter of a template's init and interpreter
 // (forked sandboxes): Seccomp, except what making a call's sandbox takes.
-// The interpreter makes each fork's pid namespace (unshare, and setns back
-// to its own for the next one); the fork makes the other namespaces; the
-// call's init replaces the template's /proc and tmpfs mounts with fresh
-// ones (mount, umount2) and sets the hostname. A user namespace is never
+// The template's init makes each call's pid namespace (unshare, and setns
+// back to its own for the next one), the call's init the others, and the
+// code's process joins them (setns); the call's init replaces the
+// template's /proc and tmpfs mounts with fresh ones (mount, umount2) and
+// sets the hostname. A user namespace is never
 // among them. Every fork stacks Seccomp on this before it reads any code,
 // and so does the call's init once the sandbox is made: the code only ever
 // runs under both.
@@ -186,7 +187,7 @@ func templateSeccompFor(goarch string) *specs.LinuxSeccomp {
 		specs.LinuxSyscall{Names: []string{"unshare"}, Action: specs.ActAllow,
 			Args: []specs.LinuxSeccompArg{{Index: 0, Value: unix.CLONE_NEWUSER, ValueTwo: 0, Op: specs.OpMaskedEqual}}},
 		specs.LinuxSyscall{Names: []string{"setns"}, Action: specs.ActAllow,
-			Args: []specs.LinuxSeccompArg{{Index: 1, Value: unix.CLONE_NEWPID, Op: specs.OpEqualTo}}},
+			Args: []specs.LinuxSeccompArg{{Index: 1, Value: unix.CLONE_NEWUSER, ValueTwo: 0, Op: specs.OpMaskedEqual}}},
 	)
 	return s
 }

@@ -24,13 +24,18 @@ import (
 // is built from) on the host measured in the same
 // run. It reports medians and the ratio; it never fails on a slow machine.
 func BenchmarkPrint1(b *testing.B) {
-	for _, kind := range []runtime.Kind{runtime.Libcontainer, runtime.Runsc} {
-		b.Run(string(kind), func(b *testing.B) {
+	for _, v := range []struct {
+		name string
+		kind runtime.Kind
+		fork bool
+	}{{"libcontainer", runtime.Libcontainer, false}, {"libcontainer-fork", runtime.Libcontainer, true}, {"runsc", runtime.Runsc, false}} {
+		kind := v.kind
+		b.Run(v.name, func(b *testing.B) {
 			if kind == runtime.Runsc && !runscAvailableB() {
 				b.Skip("runsc is not usable here")
 			}
 			dir := benchRootfs(b)
-			rt, err := runtime.New(kind, runtime.Config{StateDir: b.TempDir() + "/state"})
+			rt, err := runtime.New(kind, runtime.Config{StateDir: b.TempDir() + "/state", Fork: runtime.ForkConfig{Enabled: v.fork}})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -187,3 +187,53 @@ f()`)
 		}
 	})
 }
+
+// The interpreter ends as a script's does, however the sandbox was made:
+// a thread that is not a daemon is waited for, atexit's functions run, a
+// file the code wrote and never closed is flushed, and SystemExit's
+// message and status are the interpreter's. (A forked interpreter ends
+// without tearing down what its template made: see driver.py's _end.)
+func TestInterpreterEndsAsAScript(t *testing.T) {
+	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+		res := h.mustRun(`import atexit, os, sys, threading, time
+class Noisy:
+    def __del__(self):
+        print("finalized", flush=True)
+keep = Noisy()
+f = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), "outputs", "unclosed.txt"), "w")
+f.write("written, never closed")
+atexit.register(lambda: print("atexit ran", flush=True))
+def late():
+    time.sleep(0.3)
+    print("thread joined", flush=True)
+threading.Thread(target=late).start()
+sys.exit("bye from SystemExit")`)
+		if h.session {
+			// A session's call ends the session there (exited), with the
+			// same message and status; its interpreter ends as a script's.
+			if res.Ended != runtime.EndExited {
+				t.Errorf("ended %q, want %q", res.Ended, runtime.EndExited)
+			}
+		}
+		if res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "bye from SystemExit") {
+			t.Errorf("exit %d, stderr %q; want 1 and the SystemExit message", res.ExitCode, res.Stderr)
+		}
+		for _, want := range []string{"thread joined\n", "atexit ran\n", "finalized\n"} {
+			if !strings.Contains(string(res.Stdout), want) {
+				t.Errorf("stdout %q lacks %q", res.Stdout, want)
+			}
+		}
+		if i, j := strings.Index(string(res.Stdout), "thread joined"), strings.Index(string(res.Stdout), "atexit ran"); i > j {
+			t.Errorf("stdout %q: atexit ran before the thread was joined", res.Stdout)
+		}
+		var got string
+		for _, f := range res.Files {
+			if f.Path == "unclosed.txt" {
+				got = string(f.Data)
+			}
+		}
+		if got != "written, never closed" {
+			t.Errorf("unclosed.txt came back as %q (files %d), want what was written", got, len(res.Files))
+		}
+	})
+}

@@ -6,7 +6,6 @@ import (
 	"regexp"
 	"strconv"
 
-	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/policy"
 )
 
@@ -21,7 +20,6 @@ var driverSource = renderDriver()
 
 func renderDriver() string {
 	values := map[string]string{
-		"INIT_PATH":    bundle.InitPath,
 		"WORK_DIR":     policy.WorkDir,
 		"OUTPUTS_NAME": policy.OutputsName,
 		"MAX_FRAME":    strconv.Itoa(maxFrame),

@@ -21,7 +21,9 @@ if sys.path and sys.path[0] == "":
     sys.path[0] = os.path.dirname(os.path.abspath(_SCRIPT))
 
 
-def _driver(forked=False):
+def _driver():
+    # What running a call takes, made once (in a template's zygote, once
+    # for all its forks); it returns serve, which runs the calls.
     import ast
     import builtins
     import linecache
@@ -29,15 +31,11 @@ def _driver(forked=False):
     import types
 
     ctl, cell = @DRIVER_CTL_FD@, @DRIVER_CELL_FD@
-    # The code's subprocesses get neither pipe.
-    os.set_inheritable(ctl, False)
-    os.set_inheritable(cell, False)
     outputs = os.path.join(os.environ.get("TMPDIR") or "@WORK_DIR@", "@OUTPUTS_NAME@")
 
     main = types.ModuleType("__main__")
     main.__file__ = _SCRIPT
     main.__builtins__ = builtins
-    sys.modules["__main__"] = main
     ns = main.__dict__
 
     def send(kind, payload):
@@ -174,74 +172,82 @@ def _driver(forked=False):
             pass
         return flags & @OPT_PERSIST@
 
-    if forked:
-        # Confined, it says so, and waits: the init checks and reports it
-        # ready, then writes the script and the options. Only then are the
-        # sandbox's own /proc and work dir in place.
-        send(b"@D_READY@", os.getpid().to_bytes(4, "big"))
-        kind, body = next_frame()
-        if kind != b"@D_OPTIONS@":
-            os._exit(0)
-        os.chdir("@WORK_DIR@")
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")  # the init outlives an OOM to report it
-        with open(_SCRIPT, "rb") as f:
-            source = f.read()
-    else:
-        # Opening the script is the init's sign that the interpreter is
-        # ready; the options come before the code is all in.
-        with open(_SCRIPT, "rb") as f:
-            source = f.read()
-        kind, body = next_frame()
-    persist = options(int.from_bytes(body[:4], "big")) if kind == b"@D_OPTIONS@" else 0
-    if persist:
-        # A session's timeout is a SIGINT; a fresh call keeps Python's own
-        # handler.
-        signal.signal(signal.SIGINT, interrupt)
-    n = 1
-    while True:
-        running = True
-        try:
-            status = run(source, _SCRIPT if n == 1 else "<cell %d>" % n)
-        finally:
-            running = False
-        flush()
-        if not persist:
-            if status:
+    def serve(forked):
+        nonlocal running
+        # The code's subprocesses get neither pipe.
+        os.set_inheritable(ctl, False)
+        os.set_inheritable(cell, False)
+        sys.modules["__main__"] = main
+        if forked:
+            # Confined, it says so, and waits: the init checks and reports
+            # it ready, then writes the script and the options. Only then
+            # are the sandbox's own /proc and work dir in place.
+            send(b"@D_READY@", os.getpid().to_bytes(4, "big"))
+            kind, body = next_frame()
+            if kind != b"@D_OPTIONS@":
+                os._exit(0)
+            os.chdir("@WORK_DIR@")
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")  # the init outlives an OOM to report it
+            with open(_SCRIPT, "rb") as f:
+                source = f.read()
+        else:
+            # Opening the script is the init's sign that the interpreter is
+            # ready; the options come before the code is all in.
+            with open(_SCRIPT, "rb") as f:
+                source = f.read()
+            kind, body = next_frame()
+        persist = options(int.from_bytes(body[:4], "big")) if kind == b"@D_OPTIONS@" else 0
+        if persist:
+            # A session's timeout is a SIGINT; a fresh call keeps Python's
+            # own handler.
+            signal.signal(signal.SIGINT, interrupt)
+        n = 1
+        while True:
+            running = True
+            try:
+                status = run(source, _SCRIPT if n == 1 else "<cell %d>" % n)
+            finally:
+                running = False
+            flush()
+            if not persist:
+                if status:
+                    sys.exit(status)
+                return
+            send(b"@D_DONE@", status.to_bytes(4, "big"))
+            kind, body = next_frame()
+            if kind != b"@D_CELL@":
                 sys.exit(status)
-            return
-        send(b"@D_DONE@", status.to_bytes(4, "big"))
-        kind, body = next_frame()
-        if kind != b"@D_CELL@":
-            sys.exit(status)
-        persist = options(int.from_bytes(body[:4], "big"))
-        size = int.from_bytes(body[4:8], "big")
-        stdin, source = body[8 : 8 + size], body[8 + size :]
-        n += 1
-        # The call's stdin, then EOF, on fd 0 for the code and its children.
-        try:
-            fd = os.memfd_create("stdin")
-            view = memoryview(stdin)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.lseek(fd, 0, os.SEEK_SET)
-            os.dup2(fd, 0)
-            os.close(fd)
-            sys.stdin = open(0, "r", closefd=False)
-        except OSError as e:
-            print("mcp-exec: this call's stdin could not be given: %s" % e, file=sys.stderr)
-        text = source.decode("utf-8", "replace")
-        linecache.cache["<cell %d>" % n] = (len(text), None, text.splitlines(True), "<cell %d>" % n)
+            persist = options(int.from_bytes(body[:4], "big"))
+            size = int.from_bytes(body[4:8], "big")
+            stdin, source = body[8 : 8 + size], body[8 + size :]
+            n += 1
+            # The call's stdin, then EOF, on fd 0 for the code and its
+            # children.
+            try:
+                fd = os.memfd_create("stdin")
+                view = memoryview(stdin)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.dup2(fd, 0)
+                os.close(fd)
+                sys.stdin = open(0, "r", closefd=False)
+            except OSError as e:
+                print("mcp-exec: this call's stdin could not be given: %s" % e, file=sys.stderr)
+            text = source.decode("utf-8", "replace")
+            linecache.cache["<cell %d>" % n] = (len(text), None, text.splitlines(True), "<cell %d>" % n)
+
+    return serve
 
 
 def _zygote():
     # A template's interpreter: started and warmed as any (site, the
-    # preloads), it then only forks. Each request becomes a call's
-    # sandbox: a first child in a new pid namespace moves itself into the
-    # call's cgroups, makes its other namespaces and forks the code's
-    # process, then becomes the call's init (this executable) as pid 1. The
-    # code's process gives up every privilege and installs the call's
-    # seccomp filter before it reads any code; the init checks it did.
+    # preloads), it then only forks. The template's init makes each call's
+    # init, pid 1 of the call's new namespaces (init_template.c); the
+    # zygote forks the code's process into them, which gives up every
+    # privilege and installs the call's seccomp filter before it reads any
+    # code; the call's init checks it did.
     # It returns, in the code's process only, for the driver to run the
     # code at the top level, where the interpreter ends as a script's does
     # (atexit, threads joined, the exit status of SystemExit).
@@ -263,36 +269,45 @@ def _zygote():
             e = ctypes.get_errno()
             raise OSError(e, "%s: %s" % (what, os.strerror(e)))
 
-    def prctl(*args):
-        return libc.prctl(*[ctypes.c_ulong(a) for a in args])
+    prctl = libc.prctl
+    prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    capset = libc.capset
+    # Everything a fork does is ready made here: each line it runs copies
+    # the pages it touches (copy-on-write), which costs more than the line.
+    # The capabilities this interpreter holds (the template's bounding
+    # set): those the code's process drops.
+    held = [c for c in range(64) if prctl(23, c, 0, 0, 0) == 1]  # PR_CAPBSET_READ
+    cap_header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    no_caps = (ctypes.c_uint32 * 6)()
 
-    def confine(uid, gid, bpf):
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    filters = {}
+
+    def filter_of(bpf):
+        # The call's seccomp program, ready to install (every call of a
+        # template has the same).
+        if bpf not in filters:
+            buf = ctypes.create_string_buffer(bpf, len(bpf))
+            filters[bpf] = (buf, Prog(len(bpf) // 8, ctypes.addressof(buf)))
+        return ctypes.addressof(filters[bpf][1])
+
+    def confine(uid, gid, prog):
         # The code's process: no capability in any set, the code's ids
-        # and no group, no_new_privs, then the filter. A process of the
-        # code's uid again, it may read its own /proc files, as one an
-        # exec made may.
-        for cap in range(64):
-            if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-                if ctypes.get_errno() == 22:  # EINVAL: past the last one
-                    break
-                check(1, "dropping capability %d" % cap)
-        prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+        # and no group, no_new_privs (the template's, kept), then the
+        # filter. A process of the code's uid again, it may read its own
+        # /proc files, as one an exec made may.
+        for cap in held:
+            check(prctl(24, cap, 0, 0, 0), "dropping capability %d" % cap)  # PR_CAPBSET_DROP
+        check(prctl(47, 4, 0, 0, 0), "clearing ambient capabilities")  # PR_CAP_AMBIENT_CLEAR_ALL
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
-        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-        data = (ctypes.c_uint32 * 6)()
-        check(libc.capset(header, data), "clearing capabilities")
+        check(capset(cap_header, no_caps), "clearing capabilities")
         check(prctl(38, 1, 0, 0, 0), "setting no_new_privs")  # PR_SET_NO_NEW_PRIVS
         check(prctl(4, 1, 0, 0, 0), "making the process dumpable")  # PR_SET_DUMPABLE
-
-        class Prog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-        buf = ctypes.create_string_buffer(bpf, len(bpf))
-        prog = Prog(len(bpf) // 8, ctypes.addressof(buf))
-        check(libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(prog), ctypes.c_ulong(0), ctypes.c_ulong(0)),
-              "installing the seccomp filter")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        check(prctl(22, 2, prog, 0, 0), "installing the seccomp filter")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
     def place(fds):
         # fds onto 0, 1, ..., by way of numbers above all of them (no dup2
@@ -302,81 +317,68 @@ def _zygote():
             os.dup2(fd, i)
         os.closerange(len(fds), max(os.sysconf("SC_OPEN_MAX"), 1024))
 
-    def code_process(uid, gid, bpf, ends):
+    def code_process(uid, gid, prog, pidfd, ends):
+        # The code's process: in the call's namespaces (its pid namespace
+        # already), its pipes on 0 to 4 and nothing else open, confined.
+        # It returns to run the code.
+        placed = False
         try:
-            z.detach()  # its number is the driver's pipe from now on
+            z.detach()  # its number is one of the code's pipes from now on
+            check(libc.setns(pidfd, NEWNS | NEWNET | NEWIPC | NEWUTS | NEWCGROUP), "joining the sandbox's namespaces")
             place(ends)
-            confine(uid, gid, bpf)
+            placed = True
+            confine(uid, gid, prog)
         except BaseException as e:
             try:
-                os.write(2, ("mcp-exec: the forked interpreter could not be confined: %s\n" % e).encode())
+                os.write(2 if placed else ends[2], ("mcp-exec: the forked interpreter could not be confined: %s\n" % e).encode())
             finally:
                 os._exit(125)
         return True
 
-    def call_init(uid, gid, bpf, fds, moved):
-        call, procs = fds[:3], fds[3:]
-        try:
-            for fd in procs:
-                os.write(fd, b"0")
-                os.close(fd)
-            os.write(moved, b"m")
-            os.close(moved)
-            check(libc.unshare(NEWNS | NEWNET | NEWIPC | NEWUTS | NEWCGROUP), "making the sandbox's namespaces")
-            pipes = [os.pipe() for _ in range(5)]  # stdin, stdout, stderr, ctl, cell
-            code = os.fork()
-            if code == 0:
-                return code_process(uid, gid, bpf, [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1], pipes[4][0]])
-            place(call + [pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0], pipes[4][1]])
-            for fd in range(8):
-                os.set_inheritable(fd, True)
-            init = "@INIT_PATH@"
-            os.execve(init, [init, "@INIT_ARG@", "@FORKED_ARG@", str(code)], os.environ)
-        except BaseException as e:
-            try:
-                os.write(call[2], ("mcp-exec: the forked sandbox could not start: %s\n" % e).encode())
-            finally:
-                os._exit(125)
-
     def fork(req, fds):
-        # True only in the code's process, which then runs the code; the
-        # call's init never returns here.
+        # A call's sandbox: the code's process forked into the pid
+        # namespace of the call's init (fds[0], a pidfd), on its pipes
+        # (fds[1:6]); its wait status to the init (fds[6]) once it ends.
+        # True only in the code's process.
         uid, gid = struct.unpack(">II", req[:8])
-        bpf = req[8:]
-        moved_r, moved_w = os.pipe()
+        prog = filter_of(req[8:])
+        pidfd, ends, status = fds[0], fds[1:6], fds[6]
         pid, err = -1, None
-        if libc.unshare(NEWPID) != 0:
-            err = "making the pid namespace: " + os.strerror(ctypes.get_errno())
+        if libc.setns(pidfd, NEWPID) != 0:
+            err = "entering the call's pid namespace: " + os.strerror(ctypes.get_errno())
         else:
             try:
                 pid = os.fork()
             except OSError as e:
                 err = str(e)
             if pid == 0:
-                os.close(moved_r)
-                return call_init(uid, gid, bpf, fds, moved_w)
-            # The next fork's pid namespace is a new one again.
-            check(libc.setns(own_pid_ns, NEWPID), "leaving the pid namespace")
-        for fd in fds + [moved_w]:
+                return code_process(uid, gid, prog, pidfd, ends)
+            # The next fork's pid namespace is another call's.
+            check(libc.setns(own_pid_ns, NEWPID), "leaving the call's pid namespace")
+        for fd in fds[:6]:
             os.close(fd)
         if err is not None:
-            os.close(moved_r)
+            os.close(status)
             z.send(b"@Z_FAILED@" + err.encode())
             return False
-        moved = os.read(moved_r, 1)
-        os.close(moved_r)
-        if moved == b"m":
-            z.send(b"@Z_FORKED@" + pid.to_bytes(4, "big"))
-        else:
-            z.send(b"@Z_FAILED@the call's init did not reach its cgroups")
-        _, status = os.waitpid(pid, 0)
-        z.send(b"@Z_REAPED@" + (status & 0xFFFFFFFF).to_bytes(4, "big"))
+        z.send(b"@Z_FORKED@" + pid.to_bytes(4, "big"))
+        _, st = os.waitpid(pid, 0)
+        try:
+            os.write(status, (st & 0xFFFFFFFF).to_bytes(4, "big"))
+        except OSError:
+            pass  # the call's init is gone: the call is over anyway
+        os.close(status)
+        z.send(b"@Z_REAPED@")
         return False
+
+    # What the driver and the end of a fork import, imported once here.
+    import ast, atexit, linecache, signal, types  # noqa: F401
 
     # What every fork shares is settled now: the collector need not visit
     # it again in each (sparing their copy-on-write pages).
     gc.collect()
     gc.freeze()
+    base = frozenset(sys.modules)
     z.send(b"@Z_READY@")
     cmsg = socket.CMSG_SPACE(64 * 4)
     while True:
@@ -390,17 +392,76 @@ def _zygote():
         for level, kind, data in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds += struct.unpack("%di" % (len(data) // 4), data[: len(data) // 4 * 4])
-        if msg[:1] != b"@Z_FORK@" or len(msg) < 9 or len(fds) < 3:
+        if msg[:1] != b"@Z_FORK@" or len(msg) < 9 or len(fds) != 7:
             for fd in fds:
                 os.close(fd)
             z.send(b"@Z_FAILED@a malformed fork request")
             continue
         if fork(msg[1:], fds):
-            return
+            # The modules every fork starts with: the rest are its code's.
+            return base
+
+
+def _exit_status(e):
+    # What the interpreter makes of a SystemExit that reaches it.
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+
+def _end(status, base):
+    # A forked interpreter's end: what the end of a script's interpreter
+    # does that the script can see — its threads waited for, atexit's
+    # functions run, what it made and left open finalized (a file it
+    # wrote and never closed is flushed), its output flushed — but not
+    # the teardown of every object the template made, which would copy
+    # every page this process shares with the template (some 16 ms).
+    import atexit
+    import gc
+
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+    atexit._run_exitfuncs()
+    sys.last_type = sys.last_value = sys.last_traceback = None
+    made = [m for name, m in list(sys.modules.items()) if name not in base or name == "__main__"]
+    for m in made:
+        d = getattr(m, "__dict__", None)
+        if isinstance(d, dict):
+            # As the interpreter clears a module: _names first, then the rest.
+            for key in [k for k in d if k.startswith("_") and not k.startswith("__")] + list(d):
+                if key != "__builtins__" and key in d:
+                    d[key] = None
+    gc.collect()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except BaseException:
+            pass
+    os._exit(status)
 
 
 if _TEMPLATE:
-    _zygote()
-    _driver(forked=True)
+    _serve = _driver()
+    _base = _zygote()
+    try:
+        _serve(True)
+        _status = 0
+    except SystemExit as e:
+        _status = _exit_status(e)
+    except BaseException as e:
+        sys.excepthook(type(e), e, e.__traceback__)
+        _status = 1
+    _end(_status, _base)
 else:
-    _driver()
+    _driver()(False)

@@ -30,15 +30,23 @@ import (
 // off the call's time. A forked sandbox skips most of it: a template — a
 // libcontainer sandbox made as every other, the same rootfs, packages
 // and preloads — starts its interpreter as a zygote that never runs a
-// caller's code. Each call is a fork of it into new mount, pid, network,
-// ipc, uts and cgroup namespaces and the call's own cgroups, where this
-// executable, started again by the fork as the call's init, makes what a
-// fresh container has (its /proc, masked; fresh /tmp, /dev/shm and
-// /code; the hostname; lo), and the code's process, forked beside it,
-// drops to the code's uid with no capability, no_new_privs and the
-// sandbox's seccomp filter before the init lets it read any code (the
-// init checks it from outside). From there a call runs and is torn down
-// exactly as any sandbox's (sandbox.go, supervise.go).
+// caller's code. For each call, the template's init forks the call's init
+// into new mount, pid, network, ipc, uts and cgroup namespaces and the
+// call's own cgroups, where it makes what a fresh container has (its
+// /proc, masked; fresh /tmp, /dev/shm and /code; the hostname; lo); the
+// zygote forks the code's process into those namespaces, which drops to
+// the code's uid with no capability, no_new_privs and the sandbox's
+// seccomp filter before the init lets it read any code (the init checks
+// it from outside, and moves it into the call's cgroups). From there a
+// call runs and is torn down exactly as any sandbox's (sandbox.go,
+// supervise.go). init_template.c and driver.py's zygote say how.
+//
+// One difference a process can see: the code's parent is the zygote,
+// outside the call's pid namespace, so its getppid() is 0 (as for a
+// process docker exec starts), not the init's 1; the zygote hands the
+// init its exit status. A second interpreter fork and an exec per call
+// would make the init its parent, at about a third more CPU per call
+// (measured: docs/performance.md).
 //
 // A template lives in a call slot (slots.go) for its whole life and forks
 // one sandbox at a time: the kernel's per-user counts are then shared by
@@ -215,6 +223,9 @@ func (ts *templates) start(ctx context.Context, b *bundle.Bundle) (*template, er
 	}
 	sb, err := prepare(ctx, &ts.rt.live, tb, &lcContainer{rt: ts.rt, b: tb, template: true})
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		ts.failed(err)
 		return nil, fmt.Errorf("%w: starting a template: %w", errFork, err)
 	}
@@ -409,6 +420,13 @@ type forkContainer struct {
 	broken bool // the template failed this fork
 }
 
+// callControllers are the cgroup v1 controllers a forked sandbox has
+// cgroups of its own in: those of its limits and accounting, and the
+// freezer its killers use. In the others (devices, with the same rules,
+// blkio, cpuset, the named ones) it stays in its template's, where no
+// limit or count is the call's.
+var callControllers = []string{"memory", "pids", "cpu", "cpuacct", "freezer"}
+
 // create makes the call's cgroups, with the limits of its spec, and opens
 // their cgroup.procs files, which the fork moves itself into.
 func (fc *forkContainer) create(context.Context) error {
@@ -423,6 +441,21 @@ func (fc *forkContainer) create(context.Context) error {
 	m, err := manager.New(&cg)
 	if err != nil {
 		return fmt.Errorf("%w: the call's cgroups: %w", ErrSandbox, err)
+	}
+	if !cgroups.IsCgroup2UnifiedMode() {
+		paths := map[string]string{}
+		for _, c := range callControllers {
+			if p, ok := m.GetPaths()[c]; ok {
+				paths[c] = p
+			}
+		}
+		if _, ok := paths["memory"]; !ok {
+			return fmt.Errorf("%w: the call's cgroups: no memory controller", ErrSandbox)
+		}
+		res.SkipDevices = true
+		if m, err = manager.NewWithPaths(&cg, paths); err != nil {
+			return fmt.Errorf("%w: the call's cgroups: %w", ErrSandbox, err)
+		}
 	}
 	fc.cg = m
 	if err := m.Apply(-1); err != nil {
@@ -538,11 +571,15 @@ func (fc *forkContainer) initConfig() (*initConfig, error) {
 	return cfg, nil
 }
 
-// kill SIGKILLs every process of the call's cgroups: its init, pid 1 of
-// the call's pid namespace, takes the rest with it.
+// kill SIGKILLs every process of the call's cgroups (all of them are in
+// each): its init, pid 1 of the call's pid namespace, takes the rest with
+// it.
 func (fc *forkContainer) kill() {
-	for _, p := range fc.paths {
-		killCgroupProcs(p)
+	for _, c := range []string{"freezer", "memory", ""} {
+		if p, ok := fc.paths[c]; ok {
+			killCgroupProcs(p)
+			return
+		}
 	}
 }
 
@@ -584,9 +621,6 @@ func (fc *forkContainer) destroy() error {
 			<-fc.reaped
 		}
 		fc.rt.templates.release(fc.tpl, !fc.broken)
-		if fc.broken {
-			fc.rt.templates.failed(errors.New("a template failed a fork"))
-		}
 	}
 	var errs []error
 	for _, p := range fc.paths {

@@ -10,9 +10,18 @@ import (
 
 // newForkHarness is a libcontainer runtime whose sandboxes are forked
 // from templates.
+// Its cleanup fails the test when a sandbox was not a fork after all: a
+// template that fails makes a fresh container instead, which would pass
+// every property test without testing forks.
 func newForkHarness(t *testing.T, limits policy.Limits) *harness {
 	t.Helper()
-	return newHarnessConfig(t, runtime.Libcontainer, limits, runtime.Config{Fork: runtime.ForkConfig{Enabled: true}})
+	h := newHarnessConfig(t, runtime.Libcontainer, limits, runtime.Config{Fork: runtime.ForkConfig{Enabled: true}})
+	t.Cleanup(func() {
+		if st := h.rt.(*runtime.LibcontainerRuntime).Forking(); st.LastError != "" {
+			t.Errorf("a sandbox was a fresh container, not a fork: %s", st.LastError)
+		}
+	})
+	return h
 }
 
 func TestForkSmoke(t *testing.T) {
@@ -20,8 +29,8 @@ func TestForkSmoke(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		res := h.mustRun("import os; print(os.getpid(), os.getppid(), os.getuid(), open('/proc/self/status').read().count('\\n'))")
 		t.Logf("stdout %q stderr %q exit %d", res.Stdout, res.Stderr, res.ExitCode)
-		if res.ExitCode != 0 || !strings.HasPrefix(string(res.Stdout), "2 1 65532") {
-			t.Fatalf("exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+		if res.ExitCode != 0 || !strings.HasPrefix(string(res.Stdout), "2 0 65532") {
+			t.Fatalf("exit %d stdout %q stderr %q; forking: %+v", res.ExitCode, res.Stdout, res.Stderr, h.rt.(*runtime.LibcontainerRuntime).Forking())
 		}
 	}
 }

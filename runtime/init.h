@@ -114,7 +114,10 @@ void setup_forked(const struct config *c);
 const char *check_confined(const struct config *c, pid_t pid);
 
 // init_template.c
-int template_serve(const struct config *c, int sfd) __attribute__((noreturn));
+void template_serve(const struct config *c, int sfd) __attribute__((noreturn));
+
+// sandboxinit.c
+void forked_init(int nprocs) __attribute__((noreturn));
 
 // init_helpers.c
 int userns_hold(void);

@@ -1,7 +1,6 @@
 // A forked sandbox's init, before it serves its call: it starts as pid 1
-// of namespaces its interpreter's fork has just made (mount, pid, network,
-// ipc, uts, cgroup), in the call's own cgroups, with what the template
-// had in them. Here it makes them what a fresh container's are: its own
+// of namespaces it has just made (mount, pid, network, ipc, uts, cgroup),
+// in the call's own cgroups, with what the template had in them. Here it makes them what a fresh container's are: its own
 // /proc (masked and read-only where a container's is), fresh tmpfs mounts
 // in place of the template's, the hostname, lo up; then it keeps of its
 // privileges only what any init keeps, and puts itself under the code's
@@ -9,7 +8,8 @@
 // dropped everything before it gets any code.
 //
 // Everything fails closed: a step that fails ends the init, and the call
-// gets no sandbox rather than a lesser one.
+// gets no sandbox of this template (but a fresh container) rather than a
+// lesser one.
 #include "init.h"
 
 #include <errno.h>
@@ -267,9 +267,9 @@ const char *check_confined(const struct config *c, pid_t pid) {
 	snprintf(want, sizeof want, "%d", (int)pid);
 	if (!status_field(st, "NSpid", v, sizeof v) || strcmp(v, want) != 0)
 		return "it is not in the sandbox's pid namespace";
-	snprintf(want, sizeof want, "%d", (int)getpid());
-	if (!status_field(st, "PPid", v, sizeof v) || strcmp(v, want) != 0)
-		return "it is not the init's child";
+	// Its parent is the zygote, outside this pid namespace.
+	if (!status_field(st, "PPid", v, sizeof v) || strcmp(v, "0") != 0)
+		return "its parent is in the sandbox";
 	snprintf(path, sizeof path, "/proc/%d/cgroup", (int)pid);
 	if (read_text(path, st, sizeof st) <= 0 || read_text("/proc/self/cgroup", self, sizeof self) <= 0 || strcmp(st, self) != 0)
 		return "it is not in the sandbox's cgroups";

@@ -53,19 +53,30 @@ import (
 //	                         gid, the code's seccomp filter; with the call's
 //	                         stdin, stdout and stderr and its cgroup.procs
 //	                         files as SCM_RIGHTS on the init's stdin (a socket)
-//	init → host  U u32 pid   the call's init is forked and in its cgroups
-//	init → host  A u32 st    the call's init has ended (its wait status)
+//	init → host  U u32 pid   the call's init is forked and in its cgroups,
+//	                         and the code's process forked
+//	init → host  A u32 st    the call's init has ended (its wait status),
+//	                         and the code's process is reaped
 //	init → host  W message   the fork failed
 //
+// The template's init forks the call's init into a new pid namespace, as
+// its pid 1, with its descriptors at fixed numbers: the call's stdin,
+// stdout and stderr, then from FORKED_FIRST_FD its ends of the code's
+// pipes (stdin, stdout, stderr, the driver's ctl and cell), the code's
+// exit status at FORKED_STATUS_FD, the call's cgroup.procs files from
+// FORKED_PROCS_FD. That init makes its other namespaces, takes the call's
+// frames as any init does, with its configuration's fresh mounts, masks,
+// hostname and loopback applied first. The zygote forks the code's
+// process into its namespaces; the code's process says it is confined
+// (driver frame r), and the init moves it into the call's cgroups and
+// checks it before it reports ready. The zygote, the code's parent, writes
+// its wait status (u32) to the status pipe.
+//
 // The zygote talks to the template's init over a SOCK_SEQPACKET socket
-// (its fd ZYGOTE_FD), a message each: k (a fork, as Y, with the fds), and
-// back r (ready), f pid, x status, w message. A call's init is then this
-// executable again, started by the forked interpreter as pid 1 of the
-// call's new namespaces (argv INIT_ARG FORKED_ARG pid): it takes the
-// call's frames as any init does, with its configuration's fresh mounts,
-// masks, hostname and loopback applied first; its code process, forked
-// before it from the same interpreter, says it is confined (driver frame r)
-// and the init checks that before it reports ready.
+// (its fd ZYGOTE_FD), a message each: k (a fork: uid, gid, filter; with
+// the call's init's pidfd, the code's five pipe ends and the status
+// pipe), and back r (ready), f pid (the code's process is forked), x (it
+// is reaped, its status written), w message (the fork failed).
 //
 // The interpreter runs the driver (driver.py), which runs the code as a
 // notebook runs a cell and talks to the init over two pipes of its own, in
@@ -102,9 +113,6 @@ const (
 	holdMarker  = "__mcp_exec_userns__"
 	probeMarker = "__mcp_exec_probe__"
 	killMarker  = "__mcp_exec_kill__"
-	// forkedMarker follows initMarker for a forked sandbox's init, with
-	// the pid of its code process after it.
-	forkedMarker = "forked"
 	// templateMarker follows the script on a zygote's command line.
 	templateMarker = "--mcp-exec-template"
 )
@@ -147,12 +155,16 @@ const (
 	zygoteFd = 3
 	zFork    = 'k' // a fork request, as hFork's payload, with its fds
 	zReady   = 'r' // the zygote waits for forks
-	zForked  = 'f' // u32 pid: the call's init is in its cgroups
-	zReaped  = 'x' // u32 wait status: the call's init has ended
+	zForked  = 'f' // u32 pid: the code's process is forked
+	zReaped  = 'x' // the code's process is reaped, its status sent
 	zFailed  = 'w' // a message: the fork failed
-	// forkedFirstFd is the first of the forked init's five ends of its
-	// code's pipes: stdin, stdout, stderr, the driver's ctl and cell.
-	forkedFirstFd = 3
+	// forkedFirstFd is the first of a forked init's five ends of its
+	// code's pipes: stdin, stdout, stderr, the driver's ctl and cell; the
+	// code's exit status comes on forkedStatusFd; the call's
+	// cgroup.procs files are from forkedProcsFd on.
+	forkedFirstFd  = 3
+	forkedStatusFd = forkedFirstFd + 5
+	forkedProcsFd  = forkedStatusFd + 1
 )
 
 // The driver's pipes and frames (driver.py).
@@ -416,7 +428,6 @@ var protocol = []protoDef{
 	{"HOLD_ARG", holdMarker, "makes it the holder of a call slot's user namespace"},
 	{"PROBE_ARG", probeMarker, "makes it report what the process runtime can apply here"},
 	{"KILL_ARG", killMarker, "makes it kill every process of its own uid"},
-	{"FORKED_ARG", forkedMarker, "after INIT_ARG: a forked sandbox's init, its code's pid next"},
 	{"TEMPLATE_ARG", templateMarker, "after the script: the interpreter is a template's zygote"},
 	{"OUTPUTS_NAME", policy.OutputsName, "the dir under the work dir whose files come back"},
 	{"MAX_FRAME", maxFrame, "bound on a frame's payload, either way"},
@@ -460,10 +471,12 @@ var protocol = []protoDef{
 	{"ZYGOTE_FD", zygoteFd, "the zygote's socket to its template's init"},
 	{"Z_FORK", byte(zFork), "to the zygote: a fork request, as H_FORK's, with its fds"},
 	{"Z_READY", byte(zReady), "from the zygote: it waits for forks"},
-	{"Z_FORKED", byte(zForked), "from the zygote: u32 pid, the call's init is in its cgroups"},
-	{"Z_REAPED", byte(zReaped), "from the zygote: u32 wait status of the call's init"},
+	{"Z_FORKED", byte(zForked), "from the zygote: u32 pid of the code's process"},
+	{"Z_REAPED", byte(zReaped), "from the zygote: the code's process is reaped, its status sent"},
 	{"Z_FAILED", byte(zFailed), "from the zygote: a fork failed, a message"},
 	{"FORKED_FIRST_FD", forkedFirstFd, "a forked init's code pipes: stdin, stdout, stderr, ctl, cell from here"},
+	{"FORKED_STATUS_FD", forkedStatusFd, "a forked init's pipe of its code's wait status (u32)"},
+	{"FORKED_PROCS_FD", forkedProcsFd, "a forked init's call cgroup.procs files from here"},
 	{"CFG_UID", cfgUID, "number: the code's uid"},
 	{"CFG_GID", cfgGID, "number: the code's gid"},
 	{"CFG_MAX_OUTPUT", cfgMaxOutput, "number: cap of each of stdout and stderr"},

@@ -6,7 +6,6 @@
 #define HOLD_ARG             "__mcp_exec_userns__"  // makes it the holder of a call slot's user namespace
 #define PROBE_ARG            "__mcp_exec_probe__"   // makes it report what the process runtime can apply here
 #define KILL_ARG             "__mcp_exec_kill__"    // makes it kill every process of its own uid
-#define FORKED_ARG           "forked"               // after INIT_ARG: a forked sandbox's init, its code's pid next
 #define TEMPLATE_ARG         "--mcp-exec-template"  // after the script: the interpreter is a template's zygote
 #define OUTPUTS_NAME         "outputs"              // the dir under the work dir whose files come back
 #define MAX_FRAME            (64u << 20)            // bound on a frame's payload, either way
@@ -50,10 +49,12 @@
 #define ZYGOTE_FD            3                      // the zygote's socket to its template's init
 #define Z_FORK               'k'                    // to the zygote: a fork request, as H_FORK's, with its fds
 #define Z_READY              'r'                    // from the zygote: it waits for forks
-#define Z_FORKED             'f'                    // from the zygote: u32 pid, the call's init is in its cgroups
-#define Z_REAPED             'x'                    // from the zygote: u32 wait status of the call's init
+#define Z_FORKED             'f'                    // from the zygote: u32 pid of the code's process
+#define Z_REAPED             'x'                    // from the zygote: the code's process is reaped, its status sent
 #define Z_FAILED             'w'                    // from the zygote: a fork failed, a message
 #define FORKED_FIRST_FD      3                      // a forked init's code pipes: stdin, stdout, stderr, ctl, cell from here
+#define FORKED_STATUS_FD     8                      // a forked init's pipe of its code's wait status (u32)
+#define FORKED_PROCS_FD      9                      // a forked init's call cgroup.procs files from here
 #define CFG_UID              1                      // number: the code's uid
 #define CFG_GID              2                      // number: the code's gid
 #define CFG_MAX_OUTPUT       3                      // number: cap of each of stdout and stderr

@@ -144,12 +144,13 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sa
 	if r.templates == nil {
 		return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
 	}
-	tpl, err := r.templates.acquire(ctx, b)
-	if err == nil {
-		var sb Sandbox
-		if sb, err = prepare(ctx, &r.live, b, &forkContainer{rt: r, b: b, tpl: tpl}); err == nil || !errors.Is(err, errFork) {
+	tpl, ferr := r.templates.acquire(ctx, b)
+	if ferr == nil {
+		sb, err := prepare(ctx, &r.live, b, &forkContainer{rt: r, b: b, tpl: tpl})
+		if err == nil || !errors.Is(err, errFork) {
 			return sb, err
 		}
+		ferr = err
 		// The failed sandbox removed b: the same again, for a container.
 		if b, err = bundle.New(filepath.Dir(b.Dir), b.Config, b.ID); err != nil {
 			return nil, fmt.Errorf("%w: creating bundle: %w", ErrSandbox, err)
@@ -159,7 +160,8 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sa
 		b.Remove()
 		return nil, ctx.Err()
 	}
-	r.cfg.Logger.Warn("a template could not fork the sandbox; making a fresh container", "err", err)
+	r.templates.failed(ferr)
+	r.cfg.Logger.Warn("a template could not fork the sandbox; making a fresh container", "err", ferr)
 	return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
 }
 

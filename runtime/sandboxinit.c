@@ -76,6 +76,8 @@ struct init {
 	int ctl, cellw;
 	struct buffer ctlbuf;
 	int forked;   // a forked sandbox's init: the code's process came made
+	int status_fd; // forked: the code's wait status comes here; -1 once in
+	int nprocs;    // forked: the call's cgroup.procs files, from FORKED_PROCS_FD
 	int persist;  // H_PERSIST: the interpreter lives on after each call
 	int live;     // H_LIVE: this call's stdout is watched
 	int valued;   // this call's I_RESULT was sent
@@ -127,10 +129,13 @@ static void host_gone(struct init *in) {
 // exists: die with whatever started us (the runtime, or runsc's sandbox),
 // and be not dumpable, so that /proc/<init> is root's only and no process
 // of the code's uid could read or write its memory.
+// A forked sandbox's init stays dumpable until its code's process has
+// joined its namespaces (setns through a pidfd asks that), which is
+// before any code exists (on_forked_ready).
 static void guard(struct init *in) {
 	in->parent = getppid();
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	prctl(PR_SET_DUMPABLE, in->forked ? 1 : 0, 0, 0, 0);
 }
 
 // configure reads the host's H_CONFIG frame, which comes before anything.
@@ -257,22 +262,22 @@ static void exec_code(const struct config *c, const int fds[5]) {
 	die("starting the interpreter");
 }
 
-// adopt_code takes the code's process a forked sandbox's interpreter made
-// before this init: its child, on the pipes whose ends came at
-// FORKED_FIRST_FD on. It is ready once it says it is confined
-// (on_forked_ready), which this init then checks.
-static void adopt_code(struct init *in, pid_t child) {
+// adopt_code takes the pipes of the code's process a forked sandbox's
+// zygote makes beside this init: at FORKED_FIRST_FD on, the code's exit
+// status after them. The process is the code's once it says it is
+// confined (on_forked_ready), which this init then checks.
+static void adopt_code(struct init *in) {
 	int fd = FORKED_FIRST_FD;
-	in->child = child;
 	in->stdin_w = fd++;
 	in->out = (struct stream){.fd = fd++, .type = I_STDOUT};
 	in->err = (struct stream){.fd = fd++, .type = I_STDERR};
 	in->ctl = fd++;
 	in->cellw = fd++;
-	for (int i = FORKED_FIRST_FD; i < fd; i++) {
+	in->status_fd = fd++;
+	for (int i = FORKED_FIRST_FD; i < FORKED_PROCS_FD + in->nprocs; i++) {
 		if (fcntl(i, F_SETFD, FD_CLOEXEC) < 0)
 			die("taking the code's pipes");
-		if (i != in->cellw)
+		if (i != in->cellw && i < FORKED_PROCS_FD)
 			fcntl(i, F_SETFL, O_NONBLOCK);
 	}
 	int e = as_user(&in->c, make_outputs, NULL);
@@ -582,6 +587,25 @@ static void on_signal(struct init *in, short revents) {
 
 static void send_exit(struct init *in);
 
+// on_status: a forked sandbox's code process has ended; its parent, the
+// zygote, sent its wait status. The end of the code's main process ends
+// the rest of it. (Nothing sent: the zygote is gone, and the code with it.)
+static void on_status(struct init *in, short revents) {
+	(void)revents;
+	unsigned char st[4];
+	ssize_t r = read(in->status_fd, st, sizeof st);
+	if (r < 0 && (errno == EINTR || errno == EAGAIN))
+		return;
+	close(in->status_fd);
+	in->status_fd = -1;
+	if (in->phase == EXITED)
+		return;
+	in->phase = EXITED;
+	in->status = r == 4 ? (int)get_u32(st) : SIGKILL;
+	clock_gettime(CLOCK_MONOTONIC, &in->t_exited);
+	kill_code(in);
+}
+
 // cell_done ends a session's call that the driver says is over: what the
 // call wrote before it said so is in the pipes (at most their capacity),
 // so it is taken, then the verdict and the files go, and the outputs dir
@@ -628,12 +652,35 @@ static void end_call(struct init *in, uint32_t status) {
 	in->phase = IDLE;
 }
 
+// enter_cgroups moves the code's process into the call's cgroups: the
+// zygote forked it in the template's.
+static const char *enter_cgroups(struct init *in, pid_t pid) {
+	char num[24];
+	int n = snprintf(num, sizeof num, "%d", (int)pid);
+	const char *why = NULL;
+	for (int i = 0; i < in->nprocs; i++) {
+		if (why == NULL && write(FORKED_PROCS_FD + i, num, (size_t)n) != n)
+			why = "it could not be moved into the call's cgroups";
+		close(FORKED_PROCS_FD + i);
+	}
+	in->nprocs = 0;
+	return why;
+}
+
 // on_forked_ready: a forked interpreter says it is confined. It is ready
-// once this init has seen for itself that it is.
+// once it is in the call's cgroups and this init has seen for itself
+// that it is confined.
 static void on_forked_ready(struct init *in, const unsigned char *p, uint32_t len) {
-	if (!in->forked || in->phase != STARTING || len != 4)
+	if (!in->forked || in->phase != STARTING || len != 4 || in->child != 0)
 		return;
-	const char *why = get_u32(p) == (uint32_t)in->child ? check_confined(&in->c, in->child) : "it is not the process it said";
+	pid_t pid = (pid_t)get_u32(p);
+	if (pid <= 1)
+		return;
+	in->child = pid;
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0); // joined: nothing more may
+	const char *why = enter_cgroups(in, pid);
+	if (why == NULL)
+		why = check_confined(&in->c, pid);
 	if (why != NULL) {
 		kill(in->child, SIGKILL);
 		in->refused = 1;
@@ -734,6 +781,8 @@ static int gather(struct init *in, struct source *s) {
 		s[n++] = (struct source){in->err.fd, POLLIN, on_stderr};
 	if (in->scratch != NULL)
 		s[n++] = (struct source){scratch_fd(in->scratch), POLLIN, on_scratch};
+	if (in->status_fd >= 0)
+		s[n++] = (struct source){in->status_fd, POLLIN, on_status};
 	s[n++] = (struct source){in->sfd, POLLIN, on_signal};
 	return n;
 }
@@ -815,44 +864,44 @@ static void finish(struct init *in) {
 	frame(I_DONE, NULL, 0);
 }
 
-// sandbox_init is the init of a container, of the process runtime, of a
-// template (which only forks), or of a forked sandbox (forked: its code's
-// pid), whose namespaces it makes a fresh container's first.
-static int sandbox_init(pid_t forked) {
-	struct init in = {.stdin_w = -1, .fifo = -1, .ino = -1, .ctl = -1, .cellw = -1, .feed_fd = -1, .phase = STARTING};
+// sandbox_init is the init of a container, of the process runtime, or of
+// a template (which only forks: init_template.c).
+static int sandbox_init(void) {
+	struct init in = {.stdin_w = -1, .fifo = -1, .ino = -1, .ctl = -1, .cellw = -1, .feed_fd = -1, .status_fd = -1, .phase = STARTING};
 	guard(&in);
 	configure(&in);
 	catch_signals(&in);
 	if (in.c.template_mode)
 		template_serve(&in.c, in.sfd);
-	if (forked > 0) {
-		in.forked = 1;
-		setup_forked(&in.c);
-		adopt_code(&in, forked);
-	} else {
-		prepare_script(&in);
-		start_code(&in);
-	}
+	prepare_script(&in);
+	start_code(&in);
 	serve(&in);
 	finish(&in);
 	return 0;
+}
+
+// forked_init is a forked sandbox's init: forked by its template's, pid 1
+// of the call's new namespaces, its descriptors in place. It makes them a
+// fresh container's first; its code's process is the zygote's.
+void forked_init(int nprocs) {
+	struct init in = {.stdin_w = -1, .fifo = -1, .ino = -1, .ctl = -1, .cellw = -1, .feed_fd = -1, .status_fd = -1,
+			  .phase = STARTING, .forked = 1, .nprocs = nprocs};
+	guard(&in);
+	configure(&in);
+	catch_signals(&in);
+	setup_forked(&in.c);
+	adopt_code(&in);
+	serve(&in);
+	finish(&in);
+	_exit(0);
 }
 
 __attribute__((constructor)) static void mcp_exec_reexec(int argc, char **argv, char **envp) {
 	(void)envp;
 	if (argc < 2 || argv == NULL || argv[1] == NULL)
 		return;
-	if (strcmp(argv[1], INIT_ARG) == 0) {
-		pid_t forked = 0;
-		if (argc == 4 && strcmp(argv[2], FORKED_ARG) == 0) {
-			char *end;
-			long pid = strtol(argv[3], &end, 10);
-			if (*end != '\0' || pid <= 1)
-				die_errno("usage: init " INIT_ARG " " FORKED_ARG " PID", EINVAL);
-			forked = (pid_t)pid;
-		}
-		_exit(sandbox_init(forked));
-	}
+	if (strcmp(argv[1], INIT_ARG) == 0)
+		_exit(sandbox_init());
 	if (strcmp(argv[1], HOLD_ARG) == 0)
 		_exit(userns_hold());
 	if (strcmp(argv[1], PROBE_ARG) == 0)
