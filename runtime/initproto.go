@@ -88,7 +88,10 @@ import (
 //	driver → init  v repr          fd 3: the value of the last expression
 //	driver → init  d u32 status    fd 3: a session's call ended, its exit status
 //	driver → init  r u32 pid       fd 3: a forked interpreter is confined and
-//	                               waits for its options, then reads the script
+//	                               waits
+//	init → driver  g               fd 4: it is in the call's cgroups and checked,
+//	                               the sandbox made: it warms up, then waits for
+//	                               its options, then reads the script
 //
 // The code can write to those pipes too: the init trusts nothing they carry
 // beyond the call's own output (a forged end ends the call early, as an
@@ -176,6 +179,7 @@ const (
 	dValue       = 'v' // the repr of the last expression
 	dDone        = 'd' // a session's call ended: u32 exit status
 	dReady       = 'r' // a forked interpreter is confined and waits: u32 its pid
+	dGo          = 'g' // to a forked interpreter: it is the call's, checked; the sandbox is made
 	// Options of a call, to the driver.
 	optPersist = 1 << 0 // a session: wait for the next call after this one
 	optLive    = 1 << 1 // someone watches the output: stdout line-buffered
@@ -441,6 +445,7 @@ var protocol = []protoDef{
 	{"D_VALUE", byte(dValue), "from the driver: the repr of the last expression"},
 	{"D_DONE", byte(dDone), "from the driver: a session's call ended, u32 exit status"},
 	{"D_READY", byte(dReady), "from a forked driver: it is confined and waits, u32 its pid"},
+	{"D_GO", byte(dGo), "to a forked driver: it is the call's and checked, the sandbox made"},
 	{"OPT_PERSIST", optPersist, "a session: the interpreter waits for the next call"},
 	{"OPT_LIVE", optLive, "the output is watched: stdout line-buffered"},
 	{"H_CONFIG", byte(hConfig), "the init's configuration: CFG_ fields, first and once"},

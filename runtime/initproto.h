@@ -19,6 +19,7 @@
 #define D_VALUE              'v'                    // from the driver: the repr of the last expression
 #define D_DONE               'd'                    // from the driver: a session's call ended, u32 exit status
 #define D_READY              'r'                    // from a forked driver: it is confined and waits, u32 its pid
+#define D_GO                 'g'                    // to a forked driver: it is the call's and checked, the sandbox made
 #define OPT_PERSIST          1                      // a session: the interpreter waits for the next call
 #define OPT_LIVE             2                      // the output is watched: stdout line-buffered
 #define H_CONFIG             'G'                    // the init's configuration: CFG_ fields, first and once

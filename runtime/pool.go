@@ -35,6 +35,11 @@ type PoolConfig struct {
 	// is the most.
 	Size     int
 	Adaptive bool
+	// Spare is how many more the adaptive size keeps ready than its
+	// peak while there were calls in the window: with sandboxes cheap to
+	// make (forked ones), one more means a call that comes right after
+	// another finds one ready.
+	Spare int
 	// Window is how far back the adaptive size looks; a minute when 0.
 	Window time.Duration
 	Logger *slog.Logger
@@ -233,7 +238,11 @@ func (p *Pool) target(now time.Time) int {
 		}
 	}
 	p.peaks = keep
-	return min(max(peak, 1), p.cfg.Size)
+	spare := 0
+	if len(keep) > 0 {
+		spare = p.cfg.Spare // not when idle: an idle server holds one
+	}
+	return min(max(peak, 1), p.cfg.Size) + spare
 }
 
 func (p *Pool) poke() {

@@ -266,3 +266,20 @@ func TestPoolCloseWaitsForPreparations(t *testing.T) {
 		t.Errorf("a preparation cancelled by Close counted as failed: %+v", st)
 	}
 }
+
+// The adaptive size keeps its spare only while calls came in the window:
+// an idle server holds one sandbox, a used one one more than its peak.
+func TestPoolSpareOnlyWhileUsed(t *testing.T) {
+	p := &Pool{cfg: PoolConfig{Size: 4, Adaptive: true, Spare: 1, Window: time.Minute}}
+	now := time.Now()
+	if got := p.target(now); got != 1 {
+		t.Errorf("idle: target %d, want 1", got)
+	}
+	p.peaks = []peakEvent{{now.Add(-time.Second), 2}}
+	if got := p.target(now); got != 3 {
+		t.Errorf("after 2 calls at once: target %d, want 3", got)
+	}
+	if got := p.target(now.Add(2 * time.Minute)); got != 1 {
+		t.Errorf("a window after: target %d, want 1", got)
+	}
+}

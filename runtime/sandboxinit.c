@@ -689,6 +689,9 @@ static void on_forked_ready(struct init *in, const unsigned char *p, uint32_t le
 		report(I_ERROR, msg, 0);
 		return;
 	}
+	unsigned char go[5] = {D_GO};
+	if (write_all(in->cellw, go, sizeof go) < 0)
+		return; // gone: its end says so
 	in->phase = READY;
 	frame(I_READY, NULL, 0);
 }

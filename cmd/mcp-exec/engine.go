@@ -329,9 +329,14 @@ func (s *engine) startPool(cfg config) {
 	s.pool = s.newPool(size, adaptive)
 }
 
-// newPool makes a pool of this engine's sandboxes.
+// newPool makes a pool of this engine's sandboxes. Forked ones are cheap
+// enough to keep one more ready than the calls of the last minute needed.
 func (s *engine) newPool(size int, adaptive bool) *runtime.Pool {
-	return runtime.NewPool(runtime.PoolConfig{Size: size, Adaptive: adaptive, Logger: s.log,
+	spare := 0
+	if lc, ok := s.rt.(*runtime.LibcontainerRuntime); ok && adaptive && lc.Forking().Enabled {
+		spare = 1
+	}
+	return runtime.NewPool(runtime.PoolConfig{Size: size, Adaptive: adaptive, Spare: spare, Logger: s.log,
 		Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
 			cfg := s.bundleCfg
 			cfg.Ahead = ahead
