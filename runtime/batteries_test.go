@@ -18,9 +18,10 @@ import (
 // runtimes, and the chart comes back as a PNG. The figures it logs (time
 // and the cgroup's peak memory) are the ones docs/performance.md reports.
 func TestBatteriesTypicalAnalysis(t *testing.T) {
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, policy.DefaultLimits())
+	for _, v := range variants(t) {
+		kind := v.kind
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, policy.DefaultLimits())
 			withBatteries(t, h)
 
 			res := h.mustRun(`import time

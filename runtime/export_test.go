@@ -1,6 +1,10 @@
 package runtime
 
-import "github.com/inhuman/mcp-exec/bundle"
+import (
+	"time"
+
+	"github.com/inhuman/mcp-exec/bundle"
+)
 
 // SubvertInit makes b's init play one the code subverted: no parent-death
 // signal, no exit when the host goes.
@@ -40,3 +44,19 @@ func WithoutSupervisionTimer(f func()) {
 
 // WatchdogGrace is how long past its timeout a call may run.
 const WatchdogGrace = watchdogGrace
+
+// WithForkTimeout runs f with forks given d to answer.
+func WithForkTimeout(d time.Duration, f func()) {
+	old := forkTimeout
+	forkTimeout = d
+	defer func() { forkTimeout = old }()
+	f()
+}
+
+// WithForksAsUID runs f with every fork's code process asked to take uid,
+// whatever its bundle says: a template whose forks are not confined.
+func WithForksAsUID(uid uint32, f func()) {
+	forkUID = &uid
+	defer func() { forkUID = nil }()
+	f()
+}

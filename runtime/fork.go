@@ -73,9 +73,6 @@ const (
 	DefaultForkMaxAge   = 10 * time.Minute
 	// templateIdle is how long an unused template is kept.
 	templateIdle = 2 * time.Minute
-	// forkTimeout bounds a template's answer to a fork: the fork itself,
-	// and the call's init in its cgroups.
-	forkTimeout = 10 * time.Second
 	// forkFailuresToStop is how many forks in a row may fail before the
 	// runtime makes fresh containers instead, for good.
 	forkFailuresToStop = 3
@@ -89,6 +86,15 @@ func (c *ForkConfig) setDefaults() {
 		c.MaxAge = DefaultForkMaxAge
 	}
 }
+
+// forkTimeout bounds a template's answer to a fork: the fork itself, and
+// the call's init in its cgroups. A variable for tests.
+var forkTimeout = 10 * time.Second
+
+// forkUID, when set, is the uid a fork's code process is asked to take
+// instead of its bundle's: tests play a template whose forks are not
+// confined, which the call's init must refuse.
+var forkUID *uint32
 
 // errFork refines ErrSandbox: the template failed, not the call; a fresh
 // container can take the call instead.
@@ -488,7 +494,11 @@ func (fc *forkContainer) start(child [3]*os.File) error {
 		fds = append(fds, int(f.Fd()))
 	}
 	req := binary.BigEndian.AppendUint32(nil, uint32(len(fds)))
-	req = binary.BigEndian.AppendUint32(req, fc.b.Init.UID)
+	uid := fc.b.Init.UID
+	if forkUID != nil {
+		uid = *forkUID
+	}
+	req = binary.BigEndian.AppendUint32(req, uid)
 	req = binary.BigEndian.AppendUint32(req, fc.b.Init.GID)
 	req = append(req, fc.tpl.fork.bpf...)
 	fc.reaped = make(chan struct{})
@@ -559,7 +569,8 @@ func (fc *forkContainer) wait() { <-fc.reaped }
 func (fc *forkContainer) started() error {
 	for name, p := range fc.paths {
 		if !cgroupHasProcs(p) {
-			return fmt.Errorf("%w: the forked sandbox is not in its %s cgroup", ErrSandbox, name)
+			fc.broken = true
+			return fmt.Errorf("%w: %w: the forked sandbox is not in its %s cgroup", ErrSandbox, errFork, name)
 		}
 	}
 	return nil
@@ -588,13 +599,15 @@ func (fc *forkContainer) sockets() (int64, int64, bool) { return cgroupSockets(f
 func (fc *forkContainer) cpu() time.Duration            { return cgroupCPU(fc.paths) }
 func (fc *forkContainer) waitsForExit() bool            { return false }
 
-// explain adds what the template's interpreter said, if anything: a fork
-// that failed before the call's init could say why says it there.
+// explain says why a forked sandbox never got ready: a failure of the
+// template (what its interpreter said, if anything), whose next call gets
+// another.
 func (fc *forkContainer) explain(err error) error {
+	fc.broken = true
 	if msg := fc.tpl.sb.conn.failure(); msg != "no message" {
-		return fmt.Errorf("%w (the template: %s)", err, msg)
+		return fmt.Errorf("%w: %w (the template: %s)", errFork, err, msg)
 	}
-	return err
+	return fmt.Errorf("%w: %w", errFork, err)
 }
 
 func (fc *forkContainer) foreground() error {

@@ -1,36 +1,340 @@
 package runtime_test
 
 import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
 )
 
+// Forked sandboxes (fork.go): what is theirs alone. Every sandbox property
+// of this suite runs on them too (forEachContainerRuntime's
+// libcontainer-fork variants).
+
 // newForkHarness is a libcontainer runtime whose sandboxes are forked
-// from templates.
-// Its cleanup fails the test when a sandbox was not a fork after all: a
-// template that fails makes a fresh container instead, which would pass
-// every property test without testing forks.
+// from templates. Its cleanup fails the test when a sandbox was not a
+// fork after all: a template that fails makes a fresh container instead,
+// which would pass every property test without testing forks.
 func newForkHarness(t *testing.T, limits policy.Limits) *harness {
 	t.Helper()
-	h := newHarnessConfig(t, runtime.Libcontainer, limits, runtime.Config{Fork: runtime.ForkConfig{Enabled: true}})
-	t.Cleanup(func() {
-		if st := h.rt.(*runtime.LibcontainerRuntime).Forking(); st.LastError != "" {
-			t.Errorf("a sandbox was a fresh container, not a fork: %s", st.LastError)
-		}
-	})
+	return newForkHarnessConfig(t, limits, runtime.ForkConfig{Enabled: true}, true)
+}
+
+func newForkHarnessConfig(t *testing.T, limits policy.Limits, fork runtime.ForkConfig, mustFork bool) *harness {
+	t.Helper()
+	h := newHarnessConfig(t, runtime.Libcontainer, limits, runtime.Config{Fork: fork})
+	if mustFork {
+		t.Cleanup(func() {
+			if st := h.forking(); st.LastError != "" {
+				t.Errorf("a sandbox was a fresh container, not a fork: %s", st.LastError)
+			}
+		})
+	}
 	return h
 }
 
-func TestForkSmoke(t *testing.T) {
+func (h *harness) forking() runtime.ForkStatus {
+	return h.rt.(*runtime.LibcontainerRuntime).Forking()
+}
+
+// forkedProbe is what a call sees of where it runs: its pid and parent's
+// (a fork's parent is its template's interpreter, outside its pid
+// namespace), its interpreter's string hash secret (a template's, shared
+// by its forks), and what the kernel says of its mounts.
+const forkedProbe = `import json, os
+print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "hash": hash("mcp-exec"),
+    "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "mounts": sorted(l.split()[4] + " " + l.split(" - ")[1].split()[0] for l in open("/proc/self/mountinfo")),
+    "tmp": os.listdir("/tmp")}))`
+
+type forked struct {
+	PID, PPID   int
+	Hash        int64
+	Procs       []int
+	Mounts, Tmp []string
+}
+
+// A forked sandbox is a fresh one to the code: it is pid 2 of its own pid
+// namespace beside its init, nothing of its template's processes or
+// mounts is in reach (its mounts are a fresh container's, one for one:
+// the template's /proc, /tmp, /dev/shm and /code are gone, not covered),
+// and /tmp holds only the outputs dir, whatever the template's forks
+// before it wrote.
+func TestForkedSandboxIsFresh(t *testing.T) {
+	cold := newHarness(t, runtime.Libcontainer, policy.DefaultLimits())
+	var container forked
+	cold.probe(forkedProbe, &container)
 	h := newForkHarness(t, policy.DefaultLimits())
+	var first forked
 	for i := 0; i < 3; i++ {
-		res := h.mustRun("import os; print(os.getpid(), os.getppid(), os.getuid(), open('/proc/self/status').read().count('\\n'))")
-		t.Logf("stdout %q stderr %q exit %d", res.Stdout, res.Stderr, res.ExitCode)
-		if res.ExitCode != 0 || !strings.HasPrefix(string(res.Stdout), "2 0 65532") {
-			t.Fatalf("exit %d stdout %q stderr %q; forking: %+v", res.ExitCode, res.Stdout, res.Stderr, h.rt.(*runtime.LibcontainerRuntime).Forking())
+		var got forked
+		h.probe(forkedProbe+`
+open("/tmp/left-by-%d" % os.getpid(), "w").write("x")`, &got)
+		if got.PID != 2 || got.PPID != 0 || len(got.Procs) != 2 || got.Procs[0] != 1 || got.Procs[1] != 2 {
+			t.Errorf("call %d: pid %d, parent %d, /proc %v; want pid 2, parent 0 (outside), only 1 and 2", i, got.PID, got.PPID, got.Procs)
 		}
+		if strings.Join(got.Mounts, "\n") != strings.Join(container.Mounts, "\n") {
+			t.Errorf("call %d: mounts\n%s\nwant a fresh container's\n%s", i, strings.Join(got.Mounts, "\n"), strings.Join(container.Mounts, "\n"))
+		}
+		if len(got.Tmp) != 1 || got.Tmp[0] != policy.OutputsName {
+			t.Errorf("call %d: /tmp holds %v, want only %s", i, got.Tmp, policy.OutputsName)
+		}
+		if i == 0 {
+			first = got
+		} else if got.Hash != first.Hash {
+			t.Fatalf("call %d came from another template (hash secret differs): the checks above did not compare forks of one", i)
+		}
+	}
+	if st := h.forking(); st.Forks < 3 {
+		t.Errorf("forks %d, want 3", st.Forks)
+	}
+}
+
+// Nothing a call does to its interpreter reaches the next call forked from
+// the same template: not its modules, builtins, import path, environment,
+// working directory, signal handlers or open files.
+func TestForkedCallsDoNotMeet(t *testing.T) {
+	h := newForkHarness(t, policy.DefaultLimits())
+	h.mustRun(`import builtins, json, os, signal, sys
+builtins.LEAK = 1
+json.LEAK = 1
+sys.path.insert(0, "/tmp/evil")
+os.environ["LEAK"] = "1"
+os.chdir("/")
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+keep = open("/proc/self/status")
+sys.modules["evil"] = json`)
+	var got struct {
+		Builtins, JSON, Path, Env, Evil bool
+		Cwd                             string
+		Term                            bool
+		Fds                             []string
+	}
+	h.probe(`import builtins, json, os, signal, sys
+print(json.dumps({"Builtins": hasattr(builtins, "LEAK"), "JSON": hasattr(json, "LEAK"), "Path": "/tmp/evil" in sys.path,
+    "Env": "LEAK" in os.environ, "Evil": "evil" in sys.modules, "Cwd": os.getcwd(),
+    "Term": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "Fds": sorted(os.listdir("/proc/self/fd"))}))`, &got)
+	if got.Builtins || got.JSON || got.Path || got.Env || got.Evil || got.Cwd != policy.WorkDir || !got.Term {
+		t.Errorf("the second call saw the first: %+v", got)
+	}
+	// stdin, stdout, stderr, the driver's two pipes, and the listing's own.
+	if len(got.Fds) != 6 {
+		t.Errorf("open descriptors %v, want 0-4 and the listing's", got.Fds)
+	}
+}
+
+// random is reseeded in each fork (CPython does it at fork), even where
+// the template imported it: two calls of one template draw differently.
+// Were it not, every call of a template would draw the same numbers. A
+// preload makes the template import it.
+func TestForkedRandomIsReseeded(t *testing.T) {
+	h := newForkHarness(t, policy.DefaultLimits())
+	py, err := rootfs.FindPython(context.Background(), "")
+	if err != nil {
+		need(t, "the host's python3: %v", err)
+	}
+	dir, err := rootfs.Ensure(context.Background(), py, rootfs.Options{Preload: []string{"random"}}, rootfs.DefaultCacheDir(), nil)
+	if err != nil {
+		t.Fatalf("a rootfs that preloads random: %v", err)
+	}
+	h.cfg.Rootfs = dir
+	seen := map[string]bool{}
+	var hash string
+	for i := 0; i < 3; i++ {
+		res := h.mustRun(`import sys
+preloaded = "random" in sys.modules
+import random
+print(preloaded, random.getrandbits(128), hash("mcp-exec"))`)
+		f := strings.Fields(string(res.Stdout))
+		if len(f) != 3 || f[0] != "True" {
+			t.Fatalf("stdout %q (stderr %s): want random preloaded, a number, a hash", res.Stdout, res.Stderr)
+		}
+		if seen[f[1]] {
+			t.Errorf("call %d drew %s again: random is not reseeded in forks", i, f[1])
+		}
+		seen[f[1]] = true
+		if hash != "" && f[2] != hash {
+			t.Fatalf("call %d came from another template: the check above did not compare forks of one", i)
+		}
+		hash = f[2]
+	}
+}
+
+// A template serves at most MaxCalls calls: then its forks' interpreter,
+// and so its hash secret and address-space layout, is a new one.
+func TestForkedTemplateReplacedAfterMaxCalls(t *testing.T) {
+	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true, MaxCalls: 2}, true)
+	var hashes []int64
+	for i := 0; i < 3; i++ {
+		var got forked
+		h.probe(forkedProbe, &got)
+		hashes = append(hashes, got.Hash)
+	}
+	if hashes[0] != hashes[1] || hashes[2] == hashes[1] {
+		t.Errorf("hash secrets of 3 calls %v: want the first two from one template, the third from a new one", hashes)
+	}
+}
+
+// Past MaxAge a template is replaced too.
+func TestForkedTemplateReplacedAfterMaxAge(t *testing.T) {
+	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true, MaxAge: time.Second}, true)
+	var first forked
+	h.probe(forkedProbe, &first)
+	testenv.EventuallyWithin(t, 30*time.Second, "a call from a new template", func() bool {
+		var got forked
+		h.probe(forkedProbe, &got)
+		return got.Hash != first.Hash
+	})
+}
+
+// zygotes lists the pids of the template interpreters of h's runtime.
+func (h *harness) zygotes() []int {
+	inst := runtime.InstanceID(h.rt)
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if strings.Contains(string(cmd), "--mcp-exec-template") && strings.Contains(string(cg), inst) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// A template whose interpreter died is replaced: the next call is a fork
+// of a new one, not a failure and not a fresh container.
+func TestForkedDeadTemplateReplaced(t *testing.T) {
+	h := newForkHarness(t, policy.DefaultLimits())
+	var first forked
+	h.probe(forkedProbe, &first)
+	z := h.zygotes()
+	if len(z) != 1 {
+		t.Fatalf("template interpreters %v, want one", z)
+	}
+	syscall.Kill(z[0], syscall.SIGKILL)
+	var got forked
+	h.probe(forkedProbe, &got)
+	if got.Hash == first.Hash || got.PID != 2 {
+		t.Errorf("after its template died a call ran as %+v; want a fork of a new template", got)
+	}
+	testenv.Eventually(t, "the dead template's processes to be gone", func() bool {
+		for _, p := range h.zygotes() {
+			if p == z[0] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A template that does not answer (its interpreter stopped) is given up
+// and closed: the call is a fork of a new one.
+func TestForkedStuckTemplateGivenUp(t *testing.T) {
+	h := newForkHarness(t, policy.DefaultLimits())
+	var first forked
+	h.probe(forkedProbe, &first)
+	z := h.zygotes()
+	if len(z) != 1 {
+		t.Fatalf("template interpreters %v, want one", z)
+	}
+	syscall.Kill(z[0], syscall.SIGSTOP)
+	defer syscall.Kill(z[0], syscall.SIGCONT)
+	runtime.WithForkTimeout(2*time.Second, func() {
+		var got forked
+		h.probe(forkedProbe, &got)
+		if got.PID != 2 || got.Hash == first.Hash {
+			t.Errorf("with its template stuck a call ran as %+v; want a fork of another template", got)
+		}
+	})
+	testenv.Eventually(t, "the stuck template to be closed", func() bool {
+		for _, p := range h.zygotes() {
+			if p == z[0] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Templates that fail twice for one call make it a fresh container: a
+// call is never refused for forking's sake.
+func TestForkedFailuresFallBackToAContainer(t *testing.T) {
+	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true}, false)
+	runtime.WithForksAsUID(0, func() {
+		var got forked
+		h.probe(forkedProbe, &got)
+		if got.PPID != 1 {
+			t.Errorf("with every fork failing a call ran as %+v; want a fresh container's (the init its parent)", got)
+		}
+	})
+	if st := h.forking(); st.LastError == "" || st.Disabled != "" {
+		t.Errorf("forking: %+v; want the failure noted, forking still on", st)
+	}
+}
+
+// The call's init checks the code's process from outside before any code
+// reaches it: a fork that did not take the code's uid (a template gone
+// wrong) is refused, the call gets a fresh container, and the template is
+// replaced. Without the check the code would run as the slot's root.
+func TestForkedUnconfinedIsRefused(t *testing.T) {
+	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true}, false)
+	runtime.WithForksAsUID(0, func() {
+		var got struct{ UID, PPID int }
+		h.probe(`import json, os; print(json.dumps({"UID": os.getuid(), "PPID": os.getppid()}))`, &got)
+		if got.UID != policy.UID || got.PPID != 1 {
+			t.Errorf("a call whose fork kept uid 0 ran as %+v; want uid %d in a fresh container", got, policy.UID)
+		}
+	})
+	if st := h.forking(); !strings.Contains(st.LastError, "not confined: its uids are not the code's") {
+		t.Errorf("forking: %+v; want the check's refusal", st)
+	}
+}
+
+// Calls at once run on templates of their own, each in its call slot:
+// concurrency makes templates, and they serve later calls.
+func TestForkedConcurrentCallsUseTemplatesOfTheirOwn(t *testing.T) {
+	h := newForkHarness(t, policy.DefaultLimits())
+	var wg sync.WaitGroup
+	hashes := make([]int64, 3)
+	for i := range hashes {
+		b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{Code: []byte(`import json, time; time.sleep(1); print(json.dumps(hash("mcp-exec")))`),
+				Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+			if err != nil || json.Unmarshal(res.Stdout, &hashes[i]) != nil {
+				t.Errorf("call %d: %v, stdout %q, stderr %q", i, err, res.Stdout, res.Stderr)
+			}
+		}()
+	}
+	wg.Wait()
+	if hashes[0] == hashes[1] || hashes[1] == hashes[2] || hashes[0] == hashes[2] {
+		t.Errorf("3 calls at once: hash secrets %v, want 3 templates", hashes)
+	}
+	if st := h.forking(); st.Idle != 3 {
+		t.Errorf("templates idle after: %d, want 3", st.Idle)
 	}
 }

@@ -139,9 +139,10 @@ print(json.dumps(out))`, &got)
 // mount below it on the host comes into the sandbox, read-only too, and
 // nothing the code writes there reaches the host.
 func TestBindsReadOnlyAllTheWayDown(t *testing.T) {
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, policy.DefaultLimits())
+	for _, v := range variants(t) {
+		kind := v.kind
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, policy.DefaultLimits())
 			withBatteries(t, h)
 			sub := filepath.Join(h.cfg.PackagesDir, "submount")
 			if err := os.Mkdir(sub, 0o755); err != nil {
@@ -340,9 +341,10 @@ func callCPU(instance, callID string) time.Duration {
 func TestSocketMemoryIsBounded(t *testing.T) {
 	limits := policy.DefaultLimits()
 	limits.MemoryBytes = 64 << 20
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, limits)
+	for _, v := range variants(t) {
+		kind := v.kind
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, limits)
 			busy(t, 2)
 			protos := []string{"tcp", "udp", "tcp-many", "tcp", "udp", "tcp-many", "tcp", "udp"}
 			results := make([]runtime.Result, len(protos))
@@ -646,9 +648,9 @@ func backstopServer(t *testing.T, stateDir string, kind runtime.Kind) {
 // time its code runs: the host's cgroup file says so, read while the code
 // sleeps.
 func TestPreparedSandboxGetsCallWeight(t *testing.T) {
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, policy.DefaultLimits())
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, policy.DefaultLimits())
 			cfg := h.cfg
 			cfg.Ahead = true
 			b, err := bundle.New(h.rt.BundleDir(), cfg, uuid.NewString())

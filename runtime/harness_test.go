@@ -148,6 +148,34 @@ func runtimeKinds(t *testing.T) []runtime.Kind {
 	return kinds
 }
 
+// variant is one way the container runtimes make a sandbox: each
+// runtime's own, and libcontainer's forks of a template.
+type variant struct {
+	name string
+	kind runtime.Kind
+	fork bool
+}
+
+// variants are every runtime of runtimeKinds, and libcontainer forked.
+func variants(t *testing.T) []variant {
+	var vs []variant
+	for _, kind := range runtimeKinds(t) {
+		vs = append(vs, variant{string(kind), kind, false})
+		if kind == runtime.Libcontainer {
+			vs = append(vs, variant{"libcontainer-fork", kind, true})
+		}
+	}
+	return vs
+}
+
+func (v variant) harness(t *testing.T, limits policy.Limits) *harness {
+	t.Helper()
+	if v.fork {
+		return newForkHarness(t, limits)
+	}
+	return newHarness(t, v.kind, limits)
+}
+
 // forEachRuntime runs f as a subtest per container runtime, on sandboxes
 // prepared for each call, again on sandboxes a pool prepared ahead
 // ("-pooled"), and again on the rootfs with packages and a shell, a

@@ -175,10 +175,12 @@ void setup_forked(const struct config *c) {
 	}
 	if (staged)
 		die_errno("the work dir, where /proc is staged, is not a fresh mount after it", EINVAL);
-	for (int i = 0; i < c->mask.n; i++)
-		mask(c->mask.v[i]);
+	// In runc's order: a mask below a read-only path is one mount, not
+	// two (its bind would copy the mask).
 	for (int i = 0; i < c->readonly.n; i++)
 		readonly(c->readonly.v[i]);
+	for (int i = 0; i < c->mask.n; i++)
+		mask(c->mask.v[i]);
 	if (c->hostname != NULL && sethostname(c->hostname, strlen(c->hostname)) < 0)
 		die("setting the hostname");
 	loopback(c->loopback_mtu);

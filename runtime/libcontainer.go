@@ -144,16 +144,27 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sa
 	if r.templates == nil {
 		return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
 	}
-	tpl, ferr := r.templates.acquire(ctx, b)
-	if ferr == nil {
+	// A template that failed (its interpreter died while it waited, say)
+	// is replaced, and the call tries another once before it takes a
+	// fresh container.
+	var ferr error
+	for attempt := 0; attempt < 2; attempt++ {
+		tpl, err := r.templates.acquire(ctx, b)
+		if err != nil {
+			ferr = err
+			break
+		}
 		sb, err := prepare(ctx, &r.live, b, &forkContainer{rt: r, b: b, tpl: tpl})
 		if err == nil || !errors.Is(err, errFork) {
 			return sb, err
 		}
 		ferr = err
-		// The failed sandbox removed b: the same again, for a container.
+		// The failed sandbox removed b: the same again.
 		if b, err = bundle.New(filepath.Dir(b.Dir), b.Config, b.ID); err != nil {
 			return nil, fmt.Errorf("%w: creating bundle: %w", ErrSandbox, err)
+		}
+		if ctx.Err() != nil {
+			break
 		}
 	}
 	if ctx.Err() != nil {
@@ -161,7 +172,7 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sa
 		return nil, ctx.Err()
 	}
 	r.templates.failed(ferr)
-	r.cfg.Logger.Warn("a template could not fork the sandbox; making a fresh container", "err", ferr)
+	r.cfg.Logger.Warn("templates could not fork the sandbox; making a fresh container", "err", ferr)
 	return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
 }
 

@@ -16,9 +16,9 @@ import (
 func TestMemoryBombIsOOMKilled(t *testing.T) {
 	limits := policy.DefaultLimits()
 	limits.MemoryBytes = 64 << 20
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, limits)
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, limits)
 			res := h.mustRun(`b = []
 while True:
     b.append(bytearray(8 << 20))`)
@@ -36,8 +36,9 @@ while True:
 }
 
 func TestForkBombIsContained(t *testing.T) {
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
+	for _, v := range variants(t) {
+		kind := v.kind
+		t.Run(v.name, func(t *testing.T) {
 			limits := policy.DefaultLimits()
 			limits.Pids = 32
 			if kind == runtime.Runsc {
@@ -45,7 +46,7 @@ func TestForkBombIsContained(t *testing.T) {
 				// cgroup before the code forks at all.
 				limits.Pids = 64
 			}
-			h := newHarness(t, kind, limits)
+			h := v.harness(t, limits)
 			code := `import json, os, time
 n, err = 0, 0
 for i in range(500):
@@ -98,9 +99,9 @@ func TestCPUQuota(t *testing.T) {
 	// Small, so that even on a loaded machine the two spinners below get
 	// more than the quota's share of each period without it.
 	limits.CPUs = 0.1
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, limits)
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, limits)
 			// Two processes spin for 2 s of wall-clock time. The host's
 			// cgroup says what they used and whether the quota held them
 			// back; what a process inside gVisor believes is not evidence
@@ -136,9 +137,9 @@ func TestTmpfsCountsAgainstMemory(t *testing.T) {
 	limits := policy.DefaultLimits()
 	limits.MemoryBytes = 64 << 20
 	limits.TmpfsBytes = 256 << 20
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, limits)
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, limits)
 			res := h.mustRun(`import sys
 n = 0
 try:

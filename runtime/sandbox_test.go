@@ -226,9 +226,10 @@ print(json.dumps(out))`, &got)
 func TestTmpIsSizedNoexecTmpfs(t *testing.T) {
 	limits := policy.DefaultLimits()
 	limits.TmpfsBytes = 8 << 20
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, limits)
+	for _, v := range variants(t) {
+		kind := v.kind
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, limits)
 			var got struct {
 				Cwd     string
 				Opts    string

@@ -55,8 +55,8 @@ func forEachSessionRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 	if testing.Short() {
 		return
 	}
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) { f(t, newHarness(t, kind, policy.DefaultLimits())) })
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) { f(t, v.harness(t, policy.DefaultLimits())) })
 	}
 }
 
@@ -153,11 +153,11 @@ func TestSessionTimeout(t *testing.T) {
 
 func TestSessionOOMEnds(t *testing.T) {
 	testenv.Real(t)
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
 			lim := policy.DefaultLimits()
 			lim.MemoryBytes = 128 << 20
-			s := newHarness(t, kind, lim).newSession()
+			s := v.harness(t, lim).newSession()
 			s.run("a = 1")
 			res := s.run("x = bytearray(512 << 20)")
 			if !res.OOMKilled || res.Ended != runtime.EndOOM {
@@ -171,9 +171,9 @@ func TestSessionOOMEnds(t *testing.T) {
 // that do not fit, and keeps its state.
 func TestSessionFullTmpKeepsSession(t *testing.T) {
 	testenv.Real(t)
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			h := newHarness(t, kind, policy.DefaultLimits())
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			h := v.harness(t, policy.DefaultLimits())
 			s := h.newSession()
 			fill := ("kept = 5\nf = open('fill', 'wb')\ntry:\n    while True:\n        f.write(b'x' * 65536)\n        f.flush()\nexcept OSError:\n    pass\n'full'")
 			if res := s.run(fill); string(res.Value) != "'full'" {
