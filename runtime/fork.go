@@ -96,6 +96,10 @@ var forkTimeout = 10 * time.Second
 // confined, which the call's init must refuse.
 var forkUID *uint32
 
+// TemplatePrefix begins the id of every template: its bundle, container
+// state and cgroups are an instance's, not a call's.
+const TemplatePrefix = "template-"
+
 // errFork refines ErrSandbox: the template failed, not the call; a fresh
 // container can take the call instead.
 var errFork = errors.New("the template could not fork the sandbox")
@@ -218,7 +222,7 @@ func (ts *templates) usable(t *template) bool {
 func (ts *templates) start(ctx context.Context, b *bundle.Bundle) (*template, error) {
 	cfg := b.Config
 	cfg.Ahead, cfg.Template = false, true
-	tb, err := bundle.New(ts.rt.BundleDir(), cfg, uuid.NewString())
+	tb, err := bundle.New(ts.rt.BundleDir(), cfg, TemplatePrefix+uuid.NewString())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w: creating the template's bundle: %w", ErrSandbox, errFork, err)
 	}

@@ -133,9 +133,14 @@ func pause(ctx context.Context, d time.Duration) bool {
 // KIND, optionally /PLATFORM (gVisor's) and @PATH (the runsc binary), as
 // in runsc/ptrace@/usr/bin/runsc.
 func runtimeSettings(entry string) (kind string, set []string) {
+	entry, fresh := strings.CutSuffix(entry, "+fresh")
+	if fresh {
+		// libcontainer's sandboxes as fresh containers, not forks.
+		set = append(set, "MCP_EXEC_FORK=false")
+	}
 	rest, path, hasPath := strings.Cut(entry, "@")
 	kind, platform, hasPlatform := strings.Cut(rest, "/")
-	set = []string{"MCP_EXEC_RUNTIME=" + kind}
+	set = append(set, "MCP_EXEC_RUNTIME="+kind)
 	if hasPlatform {
 		set = append(set, "MCP_EXEC_RUNSC_PLATFORM="+platform)
 	}
@@ -226,21 +231,23 @@ func measureRuntime(ctx context.Context, o options, entry, python string, log io
 		// sampling; what it sees is the interpreters' memory.
 		// The server is a child of ours too, and none of the baseline's.
 		s := sampleMemory(os.Getpid(), sampleEvery, srv.pid())
-		cpu0 := childrenCPU()
+		cpu0 := machineCPU()
 		b := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, pythonCaller(python, printOne))
 		b.PeakMemory = &Memory{HelpersKB: s.Stop().HelpersKB}
 		if b.Calls > 0 {
-			b.CPU = &CPUSplit{TotalMS: (childrenCPU() - cpu0) / float64(b.Calls)}
+			b.CPU = &CPUSplit{TotalMS: (machineCPU() - cpu0) / float64(b.Calls)}
 		}
 		r.Bare.Throughput = append(r.Bare.Throughput, b)
 
 		s = sampleMemory(srv.pid(), sampleEvery)
 		before, errBefore := readProcCPU(srv.pid())
+		machine := machineCPU()
 		tp := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, srv.caller(printOne))
+		machine = machineCPU() - machine
 		peak := s.Stop()
 		tp.PeakMemory = &peak
 		if after, err := readProcCPU(srv.pid()); err == nil && errBefore == nil {
-			tp.CPU = serverSplit(before, after, tp.cpuMS, tp.Calls)
+			tp.CPU = serverSplit(before, after, machine, tp.cpuMS, tp.Calls)
 		}
 		tp.Ratio = ratio(tp.CallsPerS, b.CallsPerS)
 		r.Throughput = append(r.Throughput, tp)

@@ -10,23 +10,24 @@ import (
 )
 
 // CPUSplit is the CPU time one call cost on average at a throughput level,
-// in milliseconds, split by who spent it. For the baseline only Total is
-// known (the interpreters, reaped by this program).
+// in milliseconds, split by who spent it. Total is what the whole machine
+// spent while the level ran (/proc/stat), less this program's own: every
+// process and the kernel's threads, which is where a forked sandbox's
+// template and a network namespace's teardown spend theirs. For the
+// baseline only Total is known.
 //
 //   - Code: each result's cpu_ms, what the sandbox's cgroup accounted from
 //     when the code was handed over to its exit (under runsc gVisor's
 //     sentry and gofer included).
 //   - Server: the server process itself (MCP, libcontainer in-process,
 //     the pool).
-//   - Start: every other process the server started and reaped, less the
-//     code's part: making and starting the sandbox (runc's init stages,
-//     the init, the interpreter's start; gVisor's boot, `runsc run`) and
-//     tearing it down.
+//   - Start: the rest — making and starting the sandbox (runc's init
+//     stages, the init, the interpreter's start; a template's fork;
+//     gVisor's boot, `runsc run`) and tearing it down.
 //
-// Server and helpers come from the kernel's figures of the server process
-// (/proc/<pid>/stat: its own time and its reaped descendants'), read before
-// and after the level, at the clock tick's 10 ms resolution over hundreds
-// of calls.
+// The figures are the kernel's, read before and after the level, at the
+// clock tick's 10 ms resolution over hundreds of calls; on a machine doing
+// other work Total counts that work too.
 type CPUSplit struct {
 	TotalMS  float64  `json:"total_ms"`
 	ServerMS *float64 `json:"server_ms,omitempty"`
@@ -69,29 +70,40 @@ func readProcCPU(pid int) (procCPU, error) {
 // clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
 const clockTicks = 100
 
-// childrenCPU is the CPU time of this program's reaped children, in ms.
-func childrenCPU() float64 {
-	var ru unix.Rusage
-	if unix.Getrusage(unix.RUSAGE_CHILDREN, &ru) != nil {
-		return 0
-	}
-	ms := func(t unix.Timeval) float64 { return float64(t.Sec)*1000 + float64(t.Usec)/1000 }
-	return ms(ru.Utime) + ms(ru.Stime)
-}
-
 // serverSplit is the per-call split of a level the server ran: before and
-// after are its /proc figures, sandboxMS the sum of the calls' cpu_ms.
-func serverSplit(before, after procCPU, codeMS float64, calls int) *CPUSplit {
+// after are its /proc figures, machineMS what the machine spent meanwhile
+// (machineCPU), codeMS the sum of the calls' cpu_ms.
+func serverSplit(before, after procCPU, machineMS, codeMS float64, calls int) *CPUSplit {
 	if calls == 0 {
 		return nil
 	}
 	n := float64(calls)
 	self := (after.self - before.self) / n
-	children := (after.children - before.children) / n
 	code := codeMS / n
-	// Children include the sandboxes' processes (reaped by the server or
-	// by runsc, whose figures roll up), the code's among them. Reaping
-	// lags a call a little, so clamp at zero.
-	start := max(children-code, 0)
+	// The figures come at different resolutions: clamp at zero.
+	start := max(machineMS/n-self-code, 0)
 	return &CPUSplit{TotalMS: self + start + code, ServerMS: &self, StartMS: &start, CodeMS: &code}
+}
+
+// machineCPU is the CPU time every CPU of the machine has spent busy, in
+// ms, less this program's own.
+func machineCPU() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var ticks float64
+	// user nice system idle iowait irq softirq steal: all but the idle.
+	for _, i := range []int{1, 2, 3, 6, 7, 8} {
+		if i < len(f) {
+			n, _ := strconv.ParseUint(f[i], 10, 64)
+			ticks += float64(n)
+		}
+	}
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	ms := func(t unix.Timeval) float64 { return float64(t.Sec)*1000 + float64(t.Usec)/1000 }
+	return ticks*1000/clockTicks - ms(ru.Utime) - ms(ru.Stime)
 }

@@ -55,8 +55,9 @@ func TestRun(t *testing.T) {
 	defer cancel()
 	// Two levels rather than four: the test checks the report, and the
 	// machine is shared.
-	// runsc/ptrace: a variant, its platform passed through.
-	args := []string{"--server", server, "--runtimes", "libcontainer,runsc/ptrace", "--n", "3", "--warmup", "1", "--duration", "1s", "--concurrency", "1,8", "--settle", "100ms", "--pace", "50ms", "--packages", "numpy", "--json", out}
+	// runsc/ptrace: a variant, its platform passed through;
+	// libcontainer+fresh: fresh containers, forking off.
+	args := []string{"--server", server, "--runtimes", "libcontainer,libcontainer+fresh,runsc/ptrace", "--n", "3", "--warmup", "1", "--duration", "1s", "--concurrency", "1,8", "--settle", "100ms", "--pace", "50ms", "--packages", "numpy", "--json", out}
 	if code := run(ctx, args, &stdout, &stderr); code != 0 {
 		t.Fatalf("mcp-exec-bench %s: exit status %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, &stdout, &stderr)
 	}
@@ -83,12 +84,15 @@ func TestRun(t *testing.T) {
 	j.has(j.obj(rep, "baseline"), "python", "resolved", "python_version")
 
 	measured := map[string]bool{}
-	for _, r := range j.list(rep, "runtimes", 2) {
+	for _, r := range j.list(rep, "runtimes", 3) {
 		entry, _ := r["runtime"].(string)
 		kind, _ := runtimeSettings(entry)
 		j.has(r, "runtime", "platform", "env")
 		if p, _ := r["platform"].(string); entry == "runsc/ptrace" && !strings.Contains(p, "platform ptrace") {
 			t.Errorf("runtime %s: platform %q, want ptrace (MCP_EXEC_RUNSC_PLATFORM passed on)", entry, p)
+		}
+		if env := fmt.Sprint(r["env"]); entry == "libcontainer+fresh" && !strings.Contains(env, "MCP_EXEC_FORK=false") {
+			t.Errorf("runtime %s: env %s, want MCP_EXEC_FORK=false", entry, env)
 		}
 		if reason, ok := r["skipped"].(string); ok {
 			if reason == "" || kind == "libcontainer" {

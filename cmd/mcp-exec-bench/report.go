@@ -132,7 +132,8 @@ func writeThroughput(w io.Writer, rt RuntimeReport) {
 	}
 	if len(c.rows) > 1 {
 		c.write(w, "  ", true)
-		fmt.Fprintln(w, "  (code: the results' cpu_ms; server: its own process; start: the rest of what it reaped, making, starting and ending sandboxes)")
+		fmt.Fprintln(w, "  (the machine's CPU while the level ran, less this program's; code: the results' cpu_ms; server: its own process;")
+		fmt.Fprintln(w, "  start: the rest, making, starting and ending sandboxes, templates' forks and the kernel's work included)")
 	}
 }
 

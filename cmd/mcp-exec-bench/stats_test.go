@@ -268,16 +268,21 @@ func TestReadProcCPU(t *testing.T) {
 }
 
 func TestServerSplit(t *testing.T) {
-	s := serverSplit(procCPU{self: 100, children: 1000}, procCPU{self: 300, children: 2000}, 600, 10)
+	// 10 calls: the server spent 200 ms, the machine 1200 ms in all, the
+	// code 600 ms.
+	s := serverSplit(procCPU{self: 100}, procCPU{self: 300}, 1200, 600, 10)
 	if s.TotalMS != 120 || *s.ServerMS != 20 || *s.CodeMS != 60 || *s.StartMS != 40 {
 		t.Errorf("serverSplit = total %v, server %v, code %v, start %v; want 120, 20, 60, 40", s.TotalMS, *s.ServerMS, *s.CodeMS, *s.StartMS)
 	}
-	// Reaping lags: children below the code's own figure is no negative
-	// start.
-	if s := serverSplit(procCPU{}, procCPU{children: 10}, 50, 1); *s.StartMS != 0 {
-		t.Errorf("start = %v, want 0 when reaping lags", *s.StartMS)
+	// Resolutions differ: a machine figure below the others' is no
+	// negative start.
+	if s := serverSplit(procCPU{}, procCPU{self: 10}, 50, 50, 1); *s.StartMS != 0 {
+		t.Errorf("start = %v, want 0 when the machine's figure lags", *s.StartMS)
 	}
-	if serverSplit(procCPU{}, procCPU{}, 0, 0) != nil {
+	if serverSplit(procCPU{}, procCPU{}, 0, 0, 0) != nil {
 		t.Errorf("serverSplit of no calls is not nil")
+	}
+	if m := machineCPU(); m <= 0 {
+		t.Errorf("machineCPU() = %v, want the machine's busy time so far", m)
 	}
 }
