@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/rootfs"
@@ -167,11 +168,15 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 				iso := p.Isolation()
 				r.Runtime.Process = &iso
 			}
-			r.Runtime.Sandboxes = sandboxesMade(sb.rt, cfg)
 			if lc, ok := sb.rt.(*runtime.LibcontainerRuntime); ok && cfg.Fork {
+				if lc.Forking().Forks == 0 {
+					// A cached rootfs is not proven again: prove the fork.
+					sb.runWith(ctx, sb.bundleCfg, runtime.Request{Code: []byte("pass"), Timeout: time.Minute, MaxOutputBytes: 1 << 10})
+				}
 				st := lc.Forking()
 				r.Runtime.Fork = &st
 			}
+			r.Runtime.Sandboxes = sandboxesMade(sb.rt, cfg)
 			r.Rootfs.Dir = sb.bundleCfg.Rootfs
 			r.Rootfs.Python = sb.bundleCfg.Python
 			r.Rootfs.PythonVersion = sb.pythonVersion

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/inhuman/mcp-exec/internal/testenv"
+	"github.com/inhuman/mcp-exec/runtime"
 )
 
 // cli runs the built binary with env added to a minimal environment and
@@ -95,6 +96,10 @@ func TestDoctor(t *testing.T) {
 			Kind      string
 			Available bool
 		}
+		Runtime struct {
+			Sandboxes string
+			Fork      *runtime.ForkStatus
+		}
 	}
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("doctor --json output: %v\n%s", err, out)
@@ -102,9 +107,20 @@ func TestDoctor(t *testing.T) {
 	if !r.OK || r.Rootfs.PythonVersion == "" || len(r.Runtimes) < 2 {
 		t.Errorf("doctor --json = %s; want ok, a Python version and both runtimes", out)
 	}
+	// Which sandboxes the server makes, from its proving run: forks.
+	if f := r.Runtime.Fork; !strings.HasPrefix(r.Runtime.Sandboxes, "forked from a template") || f == nil || f.Forks < 1 || f.LastError != "" {
+		t.Errorf("doctor --json: sandboxes %q, fork %+v; want forked, proved by a fork", r.Runtime.Sandboxes, r.Runtime.Fork)
+	}
 	out, _, status = cli(t, nil, "doctor")
-	if status != 0 || !strings.Contains(out, "verdict: OK") {
+	if status != 0 || !strings.Contains(out, "verdict: OK") || !strings.Contains(out, "sandboxes: forked from a template") {
 		t.Errorf("doctor: status %d\n%s", status, out)
+	}
+	out, _, status = cli(t, []string{"MCP_EXEC_FORK=false"}, "doctor")
+	if status != 0 || !strings.Contains(out, "sandboxes: a fresh container per call (MCP_EXEC_FORK=false)") {
+		t.Errorf("doctor with MCP_EXEC_FORK=false: status %d\n%s", status, out)
+	}
+	if _, errOut, status := cli(t, []string{"MCP_EXEC_FORK=sometimes"}, "doctor"); status != 2 || !strings.Contains(errOut, "MCP_EXEC_FORK") {
+		t.Errorf("doctor with MCP_EXEC_FORK=sometimes: status %d, %s; want 2 and the variable named", status, errOut)
 	}
 	// A selected runtime that cannot give the sandbox: non-zero, with a fix.
 	out, _, status = cli(t, []string{"MCP_EXEC_RUNSC=/nonexistent/runsc", "MCP_EXEC_RUNTIME=runsc"}, "doctor")
