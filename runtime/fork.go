@@ -222,7 +222,7 @@ func (ts *templates) usable(t *template) bool {
 func (ts *templates) start(ctx context.Context, b *bundle.Bundle) (*template, error) {
 	cfg := b.Config
 	cfg.Ahead, cfg.Template = false, true
-	tb, err := bundle.New(ts.rt.BundleDir(), cfg, TemplatePrefix+uuid.NewString())
+	tb, err := bundle.New(ts.rt.inst.templateDir(), cfg, TemplatePrefix+uuid.NewString())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w: creating the template's bundle: %w", ErrSandbox, errFork, err)
 	}

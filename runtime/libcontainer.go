@@ -226,6 +226,9 @@ func (lc *lcContainer) create(context.Context) error {
 	lc.slot = sl
 	b := lc.b
 	b.Spec.Linux.CgroupsPath = lc.rt.inst.cgroupPath(b.ID)
+	if lc.template {
+		b.Spec.Linux.CgroupsPath = lc.rt.inst.templateCgroupPath(b.ID)
+	}
 	b.Spec.Linux.Namespaces = append(b.Spec.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace, Path: sl.nsPath})
 	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{CgroupName: b.ID, Spec: b.Spec})
 	if err != nil {
@@ -271,7 +274,11 @@ func (lc *lcContainer) start(child [3]*os.File) error {
 		return err
 	}
 	proc.Stdin, proc.Stdout, proc.Stderr = child[0], child[1], child[2]
-	c, err := libcontainer.Create(lc.rt.inst.containerDir(), lc.b.ID, lc.config)
+	stateDir := lc.rt.inst.containerDir()
+	if lc.template {
+		stateDir = lc.rt.inst.templateStateDir()
+	}
+	c, err := libcontainer.Create(stateDir, lc.b.ID, lc.config)
 	if err != nil {
 		return fmt.Errorf("creating container %s: %w", lc.b.ID, err)
 	}

@@ -71,7 +71,7 @@ func newInstance(root string, log *slog.Logger) (_ *instance, retErr error) {
 		lock.Close()
 		return nil, fmt.Errorf("locking instance dir: %w", err)
 	}
-	for _, sub := range []string{"bundles", "containers"} {
+	for _, sub := range []string{"bundles", "containers", "templates", "templates/containers"} {
 		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
 			lock.Close()
 			return nil, fmt.Errorf("creating instance dir: %w", err)
@@ -100,6 +100,20 @@ func (in *instance) initDir() string { return filepath.Join(in.dir, "init") }
 // root.
 func (in *instance) cgroupPath(callID string) string {
 	return "/" + cgroupRoot + "/" + in.id + "/" + callID
+}
+
+// The instance's templates (fork.go) are its own, not calls': their
+// bundles and container state are under templates/, their cgroups under
+// a sibling of the calls' parent, mcp-exec/<instance>.templates/, so that
+// what the calls hold is told apart from what the instance keeps between
+// them. Both go with the instance.
+const templatesSuffix = ".templates"
+
+func (in *instance) templateDir() string      { return filepath.Join(in.dir, "templates") }
+func (in *instance) templateStateDir() string { return filepath.Join(in.dir, "templates", "containers") }
+
+func (in *instance) templateCgroupPath(id string) string {
+	return "/" + cgroupRoot + "/" + in.id + templatesSuffix + "/" + id
 }
 
 // close removes the instance's cgroups and directory and releases the lock.
@@ -244,21 +258,30 @@ func cgroupMounts() []string {
 func removeCgroupTree(instanceID string, log *slog.Logger) error {
 	var errs []error
 	for _, mnt := range cgroupMounts() {
-		top := filepath.Join(mnt, cgroupRoot, instanceID)
-		if _, err := os.Stat(top); err != nil {
-			continue
+		for _, top := range []string{filepath.Join(mnt, cgroupRoot, instanceID), filepath.Join(mnt, cgroupRoot, instanceID+templatesSuffix)} {
+			errs = append(errs, removeTree(top))
 		}
-		var dirs []string
-		filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := removeCgroup(dirs[i]); err != nil {
-				errs = append(errs, err)
-			}
+	}
+	return errors.Join(errs...)
+}
+
+// removeTree removes a cgroup and every one below it, deepest first,
+// killing what is left in each.
+func removeTree(top string) error {
+	if _, err := os.Stat(top); err != nil {
+		return nil
+	}
+	var dirs []string
+	filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	var errs []error
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := removeCgroup(dirs[i]); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

@@ -185,6 +185,7 @@ func killCgroupEverywhere(rel string) {
 // killInstance kills every process of an instance's cgroups and removes
 // them, deepest first.
 func killInstance(instanceID string) {
+	killCgroupEverywhere("/" + cgroupRoot + "/" + instanceID + templatesSuffix)
 	killCgroupEverywhere("/" + cgroupRoot + "/" + instanceID)
 	removeCgroupTree(instanceID, slog.New(slog.DiscardHandler))
 }

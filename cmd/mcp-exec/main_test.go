@@ -15,7 +15,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/inhuman/mcp-exec/internal/testenv"
-	"github.com/inhuman/mcp-exec/runtime"
 )
 
 // The test binary starts containers: libcontainer re-executes it as
@@ -137,23 +136,20 @@ func instances(t testing.TB, stateDir string) []string {
 }
 
 // leftovers lists what the calls of one instance still hold: container
-// state, bundles, and call cgroups under any controller. The instance's
-// templates (forked sandboxes) are its own, kept between calls.
+// state, bundles, and call cgroups under any controller.
 func leftovers(stateDir, instance string) []string {
 	var left []string
 	for _, sub := range []string{"containers", "bundles"} {
 		entries, _ := os.ReadDir(filepath.Join(stateDir, instance, sub))
 		for _, e := range entries {
-			if !strings.HasPrefix(e.Name(), runtime.TemplatePrefix) {
-				left = append(left, filepath.Join(sub, e.Name()))
-			}
+			left = append(left, filepath.Join(sub, e.Name()))
 		}
 	}
 	var cgroups []string
 	for _, pattern := range []string{"/sys/fs/cgroup/*/mcp-exec/" + instance + "/*", "/sys/fs/cgroup/mcp-exec/" + instance + "/*"} {
 		matches, _ := filepath.Glob(pattern)
 		for _, m := range matches {
-			if fi, err := os.Stat(m); err == nil && fi.IsDir() && !strings.HasPrefix(filepath.Base(m), runtime.TemplatePrefix) {
+			if fi, err := os.Stat(m); err == nil && fi.IsDir() {
 				cgroups = append(cgroups, m)
 			}
 		}
