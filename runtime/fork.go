@@ -420,9 +420,10 @@ type forkContainer struct {
 	b   *bundle.Bundle
 	tpl *template
 
-	cg    cgroups.Manager
-	paths map[string]string
-	procs []*os.File
+	cg       cgroups.Manager
+	paths    map[string]string
+	procs    []*os.File
+	stateDir string // its entry in the instance's containers dir
 
 	// forked: the template took the fork; its init's end is awaited.
 	forked bool
@@ -436,6 +437,14 @@ type forkContainer struct {
 // blkio, cpuset, the named ones) it stays in its template's, where no
 // limit or count is the call's.
 var callControllers = []string{"memory", "pids", "cpu", "cpuacct", "freezer"}
+
+// forkState is a forked sandbox's entry in the instance's containers dir,
+// where every live sandbox has one: which template it is a fork of, and
+// its cgroups.
+type forkState struct {
+	Template string            `json:"template"`
+	Cgroups  map[string]string `json:"cgroups"`
+}
 
 // create makes the call's cgroups, with the limits of its spec, and opens
 // their cgroup.procs files, which the fork moves itself into.
@@ -484,6 +493,15 @@ func (fc *forkContainer) create(context.Context) error {
 			return fmt.Errorf("%w: opening the call's cgroups: %w", ErrSandbox, err)
 		}
 		fc.procs = append(fc.procs, f)
+	}
+	state, _ := json.Marshal(forkState{Template: fc.tpl.sb.id, Cgroups: fc.paths})
+	dir := filepath.Join(fc.rt.inst.containerDir(), fc.b.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return fmt.Errorf("%w: the sandbox's state: %w", ErrSandbox, err)
+	}
+	fc.stateDir = dir
+	if err := os.WriteFile(filepath.Join(dir, "state.json"), state, 0o600); err != nil {
+		return fmt.Errorf("%w: the sandbox's state: %w", ErrSandbox, err)
 	}
 	return nil
 }
@@ -644,6 +662,9 @@ func (fc *forkContainer) destroy() error {
 		if err := removeCgroup(p); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if fc.stateDir != "" {
+		errs = append(errs, os.RemoveAll(fc.stateDir))
 	}
 	return errors.Join(errs...)
 }

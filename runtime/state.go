@@ -109,8 +109,10 @@ func (in *instance) cgroupPath(callID string) string {
 // them. Both go with the instance.
 const templatesSuffix = ".templates"
 
-func (in *instance) templateDir() string      { return filepath.Join(in.dir, "templates") }
-func (in *instance) templateStateDir() string { return filepath.Join(in.dir, "templates", "containers") }
+func (in *instance) templateDir() string { return filepath.Join(in.dir, "templates") }
+func (in *instance) templateStateDir() string {
+	return filepath.Join(in.dir, "templates", "containers")
+}
 
 func (in *instance) templateCgroupPath(id string) string {
 	return "/" + cgroupRoot + "/" + in.id + templatesSuffix + "/" + id
