@@ -207,6 +207,14 @@ func (ts *templates) acquire(ctx context.Context, b *bundle.Bundle) (*template, 
 	return t, nil
 }
 
+// on says whether sandboxes are still forked: not after
+// forkFailuresToStop templates in a row failed.
+func (ts *templates) on() bool {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.disabled == "" && !ts.closed
+}
+
 // usable: alive, and within its bounds. ts.mu is held.
 func (ts *templates) usable(t *template) bool {
 	select {

@@ -276,18 +276,26 @@ func TestForkedStuckTemplateGivenUp(t *testing.T) {
 }
 
 // Templates that fail twice for one call make it a fresh container: a
-// call is never refused for forking's sake.
+// call is never refused for forking's sake. Three such calls in a row stop
+// forking for the runtime's life.
 func TestForkedFailuresFallBackToAContainer(t *testing.T) {
 	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true}, false)
 	runtime.WithForksAsUID(0, func() {
-		var got forked
-		h.probe(forkedProbe, &got)
-		if got.PPID != 1 {
-			t.Errorf("with every fork failing a call ran as %+v; want a fresh container's (the init its parent)", got)
+		for i := 0; i < 3; i++ {
+			var got forked
+			h.probe(forkedProbe, &got)
+			if got.PPID != 1 {
+				t.Errorf("call %d: with every fork failing it ran as %+v; want a fresh container's (the init its parent)", i, got)
+			}
+			if st := h.forking(); st.LastError == "" || (st.Disabled != "") != (i == 2) {
+				t.Errorf("after call %d: forking %+v; want the failure noted, forking off after the third", i, st)
+			}
 		}
 	})
-	if st := h.forking(); st.LastError == "" || st.Disabled != "" {
-		t.Errorf("forking: %+v; want the failure noted, forking still on", st)
+	var got forked
+	h.probe(forkedProbe, &got)
+	if got.PPID != 1 {
+		t.Errorf("with forking off a call ran as %+v; want a fresh container's", got)
 	}
 }
 

@@ -141,7 +141,7 @@ func (r *LibcontainerRuntime) Close() error {
 // are all in place then. With forking on, the sandbox is a fork of a
 // template instead (fork.go); should the template fail, a fresh container.
 func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
-	if r.templates == nil {
+	if r.templates == nil || !r.templates.on() {
 		return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
 	}
 	// A template that failed (its interpreter died while it waited, say)
