@@ -221,7 +221,7 @@ func measureRuntime(ctx context.Context, o options, entry, python string, log io
 	if !pause(ctx, o.Settle) {
 		return r
 	}
-	if m, err := readMemory(srv.pid()); err == nil {
+	if m, err := readIdleMemory(srv.pid()); err == nil {
 		r.IdleMemory = &m
 	}
 

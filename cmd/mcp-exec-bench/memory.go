@@ -25,6 +25,13 @@ type Memory struct {
 	HelpersKB      int64 `json:"helpers_kb"` // descendants in its pid namespace
 	ContainersKB   int64 `json:"containers_kb"`
 	ContainerProcs int   `json:"container_procs"`
+	// PssKB is the proportional set size of the whole tree: a shared
+	// page counts once in all, split among its sharers, so it is what
+	// the machine loses to the server and its sandboxes (the pages
+	// forked sandboxes share with their template included once). Only
+	// readIdleMemory fills it: smaps_rollup walks page tables, too
+	// heavy to sample under load.
+	PssKB int64 `json:"pss_kb,omitempty"`
 }
 
 // TotalServerKB is the server with its non-container children: what the
@@ -33,6 +40,15 @@ func (m Memory) TotalServerKB() int64 { return m.ServerKB + m.HelpersKB }
 
 // readMemory walks /proc once, leaving out the trees under skip.
 func readMemory(root int, skip ...int) (Memory, error) {
+	return walkMemory(root, false, skip)
+}
+
+// readIdleMemory is readMemory with PssKB.
+func readIdleMemory(root int) (Memory, error) {
+	return walkMemory(root, true, nil)
+}
+
+func walkMemory(root int, withPss bool, skip []int) (Memory, error) {
 	rootRSS, err := vmRSS(root)
 	if err != nil {
 		return Memory{}, fmt.Errorf("reading the memory of pid %d: %w", root, err)
@@ -46,6 +62,11 @@ func readMemory(root int, skip ...int) (Memory, error) {
 		return Memory{}, err
 	}
 	m := Memory{ServerKB: rootRSS}
+	if withPss {
+		if m.PssKB, err = pss(root); err != nil {
+			return Memory{}, fmt.Errorf("reading the memory of pid %d: %w", root, err)
+		}
+	}
 	type proc struct {
 		pid       int
 		container bool // it or an ancestor below root entered other namespaces
@@ -68,6 +89,11 @@ func readMemory(root int, skip ...int) (Memory, error) {
 			ns, err := namespaces(p.pid)
 			gone = err != nil
 			p.container = !gone && ns != rootNS
+		}
+		if withPss && !gone {
+			// A reading error here is a process that just exited.
+			kb, _ := pss(p.pid)
+			m.PssKB += kb
 		}
 		switch {
 		case gone:
@@ -108,6 +134,24 @@ func vmRSS(pid int) (int64, error) {
 			f := bytes.Fields(v) // "1234", "kB"
 			if len(f) == 0 {
 				return 0, fmt.Errorf("parsing VmRSS of pid %d: %q", pid, line)
+			}
+			return strconv.ParseInt(string(f[0]), 10, 64)
+		}
+	}
+	return 0, nil
+}
+
+// pss is 0 for a process with no address space (a zombie).
+func pss(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0, err
+	}
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("Pss:")); ok {
+			f := bytes.Fields(v) // "1234", "kB"
+			if len(f) == 0 {
+				return 0, fmt.Errorf("parsing Pss of pid %d: %q", pid, line)
 			}
 			return strconv.ParseInt(string(f[0]), 10, 64)
 		}

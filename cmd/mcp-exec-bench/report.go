@@ -139,7 +139,7 @@ func writeThroughput(w io.Writer, rt RuntimeReport) {
 
 func writeMemory(w io.Writer, rt RuntimeReport) {
 	t := &table{}
-	head := []string{"memory, MiB (VmRSS)", "idle"}
+	head := []string{"memory, MiB (VmRSS unless said)", "idle"}
 	for _, tp := range rt.Throughput {
 		head = append(head, fmt.Sprintf("peak c=%d", tp.Concurrency))
 	}
@@ -147,9 +147,16 @@ func writeMemory(w io.Writer, rt RuntimeReport) {
 	server := []string{"server + non-container children"}
 	containers := []string{"containers (sum; processes)"}
 	bare := []string{"bare python processes (sum)", "-"}
+	var whole []string
 	if m := rt.IdleMemory; m != nil {
 		server = append(server, fmtMB(m.TotalServerKB()))
 		containers = append(containers, fmt.Sprintf("%s (%d)", fmtMB(m.ContainersKB), m.ContainerProcs))
+		if m.PssKB > 0 {
+			whole = []string{"all of it, proportional (PSS)", fmtMB(m.PssKB)}
+			for range rt.Throughput {
+				whole = append(whole, "-")
+			}
+		}
 	} else {
 		server, containers = append(server, "n/a"), append(containers, "n/a")
 	}
@@ -166,8 +173,12 @@ func writeMemory(w io.Writer, rt RuntimeReport) {
 	t.add(server...)
 	t.add(containers...)
 	t.add(bare...)
+	if whole != nil {
+		t.add(whole...)
+	}
 	t.write(w, "  ", true)
-	fmt.Fprintln(w, "  (containers: processes that entered other namespaces, and theirs; sums count shared pages once per process)")
+	fmt.Fprintln(w, "  (containers: processes that entered other namespaces, and theirs; sums count shared pages once per process;")
+	fmt.Fprintln(w, "  PSS splits a shared page among its sharers, the machine's loss: forked sandboxes share their template's)")
 }
 
 func writeErrors(w io.Writer, rt RuntimeReport) {

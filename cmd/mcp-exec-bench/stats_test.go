@@ -243,6 +243,18 @@ func TestReadMemory(t *testing.T) {
 	if all.ServerKB <= 0 || all.HelpersKB <= 0 || all.ContainersKB != 0 || all.ContainerProcs != 0 {
 		t.Errorf("readMemory(self with two sleeping children) = %+v, want server and helpers > 0, no containers", all)
 	}
+	if all.PssKB != 0 {
+		t.Errorf("readMemory(self).PssKB = %d, want 0: only readIdleMemory reads smaps_rollup", all.PssKB)
+	}
+	// PSS divides what the children share with us (the test binary's
+	// text, forked from us) among us, so it is below the RSS sum.
+	idle, err := readIdleMemory(os.Getpid())
+	if err != nil {
+		t.Fatalf("readIdleMemory(self): %v", err)
+	}
+	if rss := idle.TotalServerKB(); idle.PssKB <= 0 || idle.PssKB > rss {
+		t.Errorf("readIdleMemory(self).PssKB = %d KiB, want > 0 and <= %d (the RSS sum)", idle.PssKB, rss)
+	}
 	one, err := readMemory(os.Getpid(), pids[0])
 	if err != nil {
 		t.Fatalf("readMemory(self, skipping one): %v", err)
