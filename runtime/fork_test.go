@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -237,12 +238,7 @@ func TestForkedDeadTemplateReplaced(t *testing.T) {
 		t.Errorf("after its template died a call ran as %+v; want a fork of a new template", got)
 	}
 	testenv.Eventually(t, "the dead template's processes to be gone", func() bool {
-		for _, p := range h.zygotes() {
-			if p == z[0] {
-				return false
-			}
-		}
-		return true
+		return !slices.Contains(h.zygotes(), z[0])
 	})
 }
 
@@ -266,12 +262,7 @@ func TestForkedStuckTemplateGivenUp(t *testing.T) {
 		}
 	})
 	testenv.Eventually(t, "the stuck template to be closed", func() bool {
-		for _, p := range h.zygotes() {
-			if p == z[0] {
-				return false
-			}
-		}
-		return true
+		return !slices.Contains(h.zygotes(), z[0])
 	})
 }
 

@@ -212,54 +212,32 @@ func forEachRuntimeAndProcess(t *testing.T, f func(t *testing.T, h *harness)) {
 
 func forEachContainerRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 	t.Helper()
-	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			f(t, newHarness(t, kind, policy.DefaultLimits()))
-		})
-		t.Run(string(kind)+"-pooled", func(t *testing.T) {
-			h := newHarness(t, kind, policy.DefaultLimits())
-			h.pooled = true
-			f(t, h)
-		})
-		// On a session's sandbox that served a call before this one.
-		t.Run(string(kind)+"-session", func(t *testing.T) {
-			h := newHarness(t, kind, policy.DefaultLimits())
-			h.session = true
-			f(t, h)
-		})
-		// With what the batteries add: packages, a packages dir, a shell.
-		t.Run(string(kind)+"-batteries", func(t *testing.T) {
-			h := newHarness(t, kind, policy.DefaultLimits())
-			withBatteries(t, h)
-			f(t, h)
-		})
-		// Forked from a template (fork.go): per call, ahead of the call,
-		// a session's, with the batteries.
-		if kind == runtime.Libcontainer {
-			t.Run("libcontainer-fork", func(t *testing.T) {
-				f(t, newForkHarness(t, policy.DefaultLimits()))
-			})
-			t.Run("libcontainer-fork-pooled", func(t *testing.T) {
-				h := newForkHarness(t, policy.DefaultLimits())
-				h.pooled = true
-				f(t, h)
-			})
-			t.Run("libcontainer-fork-session", func(t *testing.T) {
-				h := newForkHarness(t, policy.DefaultLimits())
-				h.session = true
-				f(t, h)
-			})
-			t.Run("libcontainer-fork-batteries", func(t *testing.T) {
-				h := newForkHarness(t, policy.DefaultLimits())
-				withBatteries(t, h)
+	// Each variant (libcontainer-fork: forked from a template, fork.go)
+	// per call, ahead of the call, on a session's sandbox that served a
+	// call before this one, and with what the batteries add: packages, a
+	// packages dir, a shell.
+	modes := []struct {
+		suffix string
+		set    func(t *testing.T, h *harness)
+	}{
+		{"", func(*testing.T, *harness) {}},
+		{"-pooled", func(_ *testing.T, h *harness) { h.pooled = true }},
+		{"-session", func(_ *testing.T, h *harness) { h.session = true }},
+		{"-batteries", withBatteries},
+	}
+	for _, v := range variants(t) {
+		for _, m := range modes {
+			t.Run(v.name+m.suffix, func(t *testing.T) {
+				h := v.harness(t, policy.DefaultLimits())
+				m.set(t, h)
 				f(t, h)
 			})
 		}
 		// Debian's runsc (2022-12, ptrace), the fallback when the pinned
 		// current gVisor is not installed.
-		if kind == runtime.Runsc {
+		if v.kind == runtime.Runsc {
 			t.Run("runsc-debian", func(t *testing.T) {
-				f(t, newHarnessConfig(t, kind, policy.DefaultLimits(), runtime.Config{RunscPath: debianRunsc(t)}))
+				f(t, newHarnessConfig(t, v.kind, policy.DefaultLimits(), runtime.Config{RunscPath: debianRunsc(t)}))
 			})
 		}
 	}
