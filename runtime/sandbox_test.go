@@ -123,6 +123,9 @@ var deniedProbes = []struct {
 	{"unshare", 272, []int{0x10000000}}, // CLONE_NEWUSER succeeds unfiltered
 	{"setns", 308, []int{-1, 0}},
 	{"clone_newuser", 56, []int{0x10000000 | 17, 0, 0, 0, 0}},
+	// CLONE_PARENT | SIGCHLD: the child would be its maker's sibling, in a
+	// forked sandbox a child of the template's interpreter.
+	{"clone_parent", 56, []int{0x8000 | 17, 0, 0, 0, 0}},
 	{"kexec_load", 246, []int{0, 0, 0, 0}},
 	{"kexec_file_load", 320, []int{-1, -1, 0, 0, 0}},
 	{"init_module", 175, []int{0, 0, 0}},
