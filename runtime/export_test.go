@@ -3,6 +3,8 @@ package runtime
 import (
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/inhuman/mcp-exec/bundle"
 )
 
@@ -58,5 +60,22 @@ func WithForkTimeout(d time.Duration, f func()) {
 func WithForksAsUID(uid uint32, f func()) {
 	forkUID = &uid
 	defer func() { forkUID = nil }()
+	f()
+}
+
+// WithForkSeccomp runs f with the filters of templates made in it, and of
+// their forks, edited by edit: a hole a test opens to attack what stands
+// behind the filter.
+func WithForkSeccomp(edit func(*specs.LinuxSeccomp), f func()) {
+	forkSeccompEdit = edit
+	defer func() { forkSeccompEdit = nil }()
+	f()
+}
+
+// WithReapTimeout runs f with templates given d to report a call reaped.
+func WithReapTimeout(d time.Duration, f func()) {
+	old := reapTimeout
+	reapTimeout = d
+	defer func() { reapTimeout = old }()
 	f()
 }
