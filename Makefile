@@ -15,7 +15,7 @@ STATIC    := -extldflags=-static
 LDFLAGS   := -s -w -X main.version=$(VERSION) $(STATIC)
 BIN       := bin/mcp-exec
 
-.PHONY: runsc build test unit integration e2e run bench bench-go vet clean deploy-check image image-test
+.PHONY: runsc build test test-full unit integration e2e run bench bench-go vet clean deploy-check image image-test
 
 build: $(BIN)
 
@@ -33,10 +33,15 @@ vet:
 	$(GO) vet -tags '$(TAGS)' ./...
 
 # test runs everything: unit tests, real containers (root), and the MCP
-# end-to-end suites. Under CI=true a missing prerequisite fails.
-test: build vet
-	$(GO) test -tags '$(TAGS)' -ldflags '$(STATIC)' -count=1 -timeout 20m ./...
-	test/e2e/run.sh
+# end-to-end suites, phase by phase with their seconds and the slowest Go
+# tests (test/run.sh). Under CI=true a missing prerequisite fails.
+# test-full runs the whole test matrix (every sandbox property in every
+# mode on every runtime), as the scheduled run does.
+test:
+	test/run.sh
+
+test-full:
+	MCP_EXEC_TEST_MATRIX=full test/run.sh
 
 # e2e: the built binary with the official MCP TypeScript SDK client and the
 # MCP conformance suite (test/e2e/run.sh; needs node and npm).

@@ -77,6 +77,7 @@ type forked struct {
 // and /tmp holds only the outputs dir, whatever the template's forks
 // before it wrote.
 func TestForkedSandboxIsFresh(t *testing.T) {
+	testenv.Parallel(t)
 	cold := newHarness(t, runtime.Libcontainer, policy.DefaultLimits())
 	var container forked
 	cold.probe(forkedProbe, &container)
@@ -110,6 +111,7 @@ open("/tmp/left-by-%d" % os.getpid(), "w").write("x")`, &got)
 // the same template: not its modules, builtins, import path, environment,
 // working directory, signal handlers or open files.
 func TestForkedCallsDoNotMeet(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarness(t, policy.DefaultLimits())
 	h.mustRun(`import builtins, json, os, signal, sys
 builtins.LEAK = 1
@@ -146,6 +148,7 @@ print(json.dumps({"Builtins": hasattr(builtins, "LEAK"), "JSON": hasattr(json, "
 // preloaded them. Were they not reseeded, every call of a template — of
 // different clients, maybe — would draw the same numbers.
 func TestForkedGeneratorsAreReseeded(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarness(t, policy.DefaultLimits())
 	py, err := rootfs.FindPython(context.Background(), "")
 	if err != nil {
@@ -192,6 +195,7 @@ print(json.dumps({"preloaded": str(preloaded), "hash": str(hash("mcp-exec")),
 // A template serves at most MaxCalls calls: then its forks' interpreter,
 // and so its hash secret and address-space layout, is a new one.
 func TestForkedTemplateReplacedAfterMaxCalls(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true, MaxCalls: 2}, true)
 	var hashes []int64
 	for i := 0; i < 3; i++ {
@@ -206,6 +210,7 @@ func TestForkedTemplateReplacedAfterMaxCalls(t *testing.T) {
 
 // Past MaxAge a template is replaced too.
 func TestForkedTemplateReplacedAfterMaxAge(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true, MaxAge: time.Second}, true)
 	var first forked
 	h.probe(forkedProbe, &first)
@@ -238,6 +243,7 @@ func (h *harness) zygotes() []int {
 // A template whose interpreter died is replaced: the next call is a fork
 // of a new one, not a failure and not a fresh container.
 func TestForkedDeadTemplateReplaced(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarness(t, policy.DefaultLimits())
 	var first forked
 	h.probe(forkedProbe, &first)
@@ -325,6 +331,7 @@ func TestForkedUnconfinedIsRefused(t *testing.T) {
 // Calls at once run on templates of their own, each in its call slot:
 // concurrency makes templates, and they serve later calls.
 func TestForkedConcurrentCallsUseTemplatesOfTheirOwn(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarness(t, policy.DefaultLimits())
 	var wg sync.WaitGroup
 	hashes := make([]int64, 3)

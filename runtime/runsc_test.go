@@ -33,6 +33,7 @@ import (
 // under CI=true) naming what this host lacks for it.
 func runscHarness(t *testing.T, limits policy.Limits) *harness {
 	t.Helper()
+	testenv.Parallel(t)
 	testRootfs(t)
 	if err := runtime.RunscUsable(runtime.Config{}); err != nil {
 		need(t, "%v", err)
