@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"testing"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -36,12 +37,13 @@ func InstanceDir(rt Runtime) string {
 	return ""
 }
 
-// WithoutSupervisionTimer runs f with the supervision's own timeout
-// timer off, as if it had failed: only the watchdog can end a call then.
-func WithoutSupervisionTimer(f func()) {
+// WithoutSupervisionTimer turns the supervision's own timeout timer off,
+// as if it had failed, until t and its subtests end: only the watchdog
+// can end a call then. A test calls it before its subtests start, which
+// run in parallel.
+func WithoutSupervisionTimer(t testing.TB) {
 	supervisionTimer = false
-	defer func() { supervisionTimer = true }()
-	f()
+	t.Cleanup(func() { supervisionTimer = true })
 }
 
 // WatchdogGrace is how long past its timeout a call may run.

@@ -487,15 +487,12 @@ time.sleep(1)
 // not: with the supervision's own timer off, as if it had failed, the
 // watchdog kills the container.
 func TestWatchdogEnforcesDeadline(t *testing.T) {
+	runtime.WithoutSupervisionTimer(t)
 	forEachRuntime(t, modeSession, func(t *testing.T, h *harness) {
-		var res runtime.Result
-		var err error
 		// The test's own bound, should the watchdog fail too.
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		runtime.WithoutSupervisionTimer(func() {
-			res, err = h.run("import time; time.sleep(600)", withTimeout(time.Second), withContext(ctx))
-		})
+		res, err := h.run("import time; time.sleep(600)", withTimeout(time.Second), withContext(ctx))
 		if err != nil {
 			t.Fatalf("the call outlived its timeout and the watchdog's grace by far: %v", err)
 		}
