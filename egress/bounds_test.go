@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,14 +66,35 @@ func TestConnectionLimit(t *testing.T) {
 	if msg := refusedBody(resp); resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(msg, "2 egress connections open, its limit") {
 		t.Errorf("a third connection: %s, want 429 naming the limit", msg)
 	}
-	open[0].Close()
-	testenv.EventuallyWithin(t, time.Minute, "a closed tunnel to free its place", func() bool {
+	for _, conn := range open {
+		conn.Close()
+	}
+	testenv.EventuallyWithin(t, time.Minute, "closed tunnels to free their places", func() bool {
 		resp, conn := connectVia(t, relay, authority)
 		if conn != nil {
 			conn.Close()
 		}
 		return resp.StatusCode == 200
 	})
+
+	// Connections to the proxy count too, even before they ask for
+	// anything: code cannot hold hundreds of them open.
+	for range 2 {
+		idle, err := net.Dial("tcp", relay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer idle.Close()
+	}
+	testenv.EventuallyWithin(t, time.Minute, "two idle connections to be served", func() bool {
+		call.mu.Lock()
+		defer call.mu.Unlock()
+		return call.clients == 2
+	})
+	resp, _ = connectVia(t, relay, authority)
+	if msg := refusedBody(resp); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("a connection past two idle ones: %s, want 429", msg)
+	}
 }
 
 // Close ends every live connection of the call at once, the code's and
@@ -142,7 +164,7 @@ func TestIdleAndLifetimeBounds(t *testing.T) {
 	start = time.Now()
 	buf := make([]byte, 4)
 	var err error
-	for err == nil {
+	for err == nil && time.Since(start) < lifetime+10*time.Second {
 		time.Sleep(idle / 10)
 		if _, err = busy.Write([]byte("ping")); err == nil {
 			_, err = io.ReadFull(busy, buf)
@@ -202,5 +224,50 @@ func TestAuditAndMetricsHooks(t *testing.T) {
 	}
 	if len(measured) != 2 || measured[0].BytesOut != 2 || measured[0].BytesIn != 2 {
 		t.Errorf("metrics got %+v, want echo.test with 2 bytes each way, then other.test", measured)
+	}
+}
+
+// Two calls share no connection: each reaches the host on its own, counts
+// only its own bytes, and one closing leaves the other's tunnel alive.
+func TestCallsShareNothing(t *testing.T) {
+	var conns atomic.Int32
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				conns.Add(1)
+			}
+		}}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	up := ln.Addr().(*net.TCPAddr).Port
+	echo := startEcho(t)
+	p := newTestProxy(t, Config{Settings: Settings{Allow: rules(t, fmt.Sprintf("web.test:%d,echo.test:%d", up, echo.port())),
+		Hosts: hosts(t, "web.test=127.0.0.1,echo.test=127.0.0.1")}}, nil, nil)
+	a, b := p.NewCall("a"), p.NewCall("b")
+	relayA, relayB := relayFor(t, a), relayFor(t, b)
+	for _, relay := range []string{relayA, relayB, relayA} {
+		resp, err := proxyClient(relay, nil).Get(fmt.Sprintf("http://web.test:%d/", up))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if n := conns.Load(); n < 2 {
+		t.Errorf("the host saw %d connections for two calls, want one each at least", n)
+	}
+	_, tunnelB := connectVia(t, relayB, "echo.test:"+port(echo.port()))
+	a.Close()
+	tunnelB.SetDeadline(time.Now().Add(time.Minute))
+	go tunnelB.Write([]byte("still"))
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(tunnelB, buf); err != nil || string(buf) != "still" {
+		t.Errorf("call b's tunnel after call a closed: %q %v", buf, err)
+	}
+	da, _ := destination(a.Destinations(), "web.test", true)
+	db, _ := destination(b.Destinations(), "web.test", true)
+	if da.BytesIn == 0 || db.BytesIn == 0 || da.BytesIn <= db.BytesIn {
+		t.Errorf("bytes in: call a %d (two requests), call b %d (one): want each its own", da.BytesIn, db.BytesIn)
 	}
 }

@@ -75,7 +75,7 @@ func TestSecretInjectedOverTLS(t *testing.T) {
 	for i := range 2 { // twice: the second request rides the same tunnel
 		req, _ := http.NewRequest("GET", url, nil)
 		req.Header.Set("Authorization", "Bearer code-chose-this")
-		req.Header.Set("Host", "elsewhere.test")
+		req.Host = "elsewhere.test" // sent as the Host header inside the tunnel
 		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
