@@ -55,6 +55,9 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if err := egressUnavailable(cfg); err != nil {
+		return nil, err
+	}
 	rt, why, err := newRuntime(cfg, log)
 	if err != nil {
 		return nil, fmt.Errorf("the sandbox cannot start: %w", err)

@@ -79,6 +79,7 @@ func readmeDefault(c config, env, printed string) string {
 		"MCP_EXEC_PYTHON":          func() (string, bool) { return "/usr/bin/python3", c.Python == "" },
 		"MCP_EXEC_RUNSC":           func() (string, bool) { return "/usr/local/bin/runsc, else PATH", c.RunscPath == "" },
 		"MCP_EXEC_RUNSC_PLATFORM":  func() (string, bool) { return "probed", c.RunscPlatform == "" },
+		"MCP_EXEC_PIP_INDEX_URL":   func() (string, bool) { return "PyPI", c.Egress.PipIndexURL == "" },
 	}
 	if d, ok := described[env]; ok {
 		if want, holds := d(); holds {
