@@ -194,6 +194,10 @@ func forEachRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 func forEachRuntimeAndProcess(t *testing.T, f func(t *testing.T, h *harness)) {
 	t.Helper()
 	t.Run("process", func(t *testing.T) { f(t, newProcessHarness(t, policy.DefaultLimits())) })
+	// Where the host refuses the process runtime namespaces of its own.
+	t.Run("process-nonamespaces", func(t *testing.T) {
+		f(t, newProcessHarnessNamespaces(t, policy.DefaultLimits(), runtime.NamespacesOff))
+	})
 	t.Run("process-pooled", func(t *testing.T) {
 		h := newProcessHarness(t, policy.DefaultLimits())
 		h.pooled = true
@@ -339,8 +343,16 @@ func newHarnessConfig(t *testing.T, kind runtime.Kind, limits policy.Limits, rcf
 }
 
 // newProcessHarness is a process runtime with its calls' dirs in a temp
-// dir of the test's, on the host's interpreter.
+// dir of the test's, on the host's interpreter, each call in namespaces of
+// its own: a host that refuses them cannot run these tests.
 func newProcessHarness(t *testing.T, limits policy.Limits) *harness {
+	t.Helper()
+	return newProcessHarnessNamespaces(t, limits, runtime.NamespacesOn)
+}
+
+// newProcessHarnessNamespaces is newProcessHarness with namespaces as ns
+// says.
+func newProcessHarnessNamespaces(t *testing.T, limits policy.Limits, ns runtime.Namespaces) *harness {
 	t.Helper()
 	py, err := rootfs.FindPython(context.Background(), "")
 	if err != nil {
@@ -363,7 +375,10 @@ func newProcessHarness(t *testing.T, limits policy.Limits) *harness {
 			}
 		}
 	}
-	rt, err := runtime.New(runtime.Process, runtime.Config{StateDir: filepath.Join(t.TempDir(), "state"), WorkDir: work})
+	rt, err := runtime.New(runtime.Process, runtime.Config{StateDir: filepath.Join(t.TempDir(), "state"), WorkDir: work, ProcessNamespaces: ns})
+	if err != nil && ns == runtime.NamespacesOn && strings.Contains(err.Error(), "refuses the process runtime namespaces") {
+		need(t, "%v", err)
+	}
 	if err != nil {
 		t.Fatalf("runtime.New(process): %v", err)
 	}

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"debug/elf"
 	"errors"
@@ -27,10 +28,18 @@ import (
 
 // The process runtime runs each call as a fresh process of the server's
 // own machine: the sandbox's init, started directly, with the host's
-// interpreter. There is no container: no namespaces, no cgroups, no
-// read-only root of its own. What an unprivileged process can still do for
-// each call, it does (see ProcessIsolation):
+// interpreter. There is no container: no cgroups, no root filesystem of
+// its own. What an unprivileged process can still do for each call, it
+// does (see ProcessIsolation):
 //
+//   - where the kernel lets an unprivileged process make them (Debian,
+//     Ubuntu and Fedora hosts do; docker's and podman's default seccomp
+//     profiles do not), the call is in new user, pid, mount, network, IPC
+//     and UTS namespaces, bubblewrap's recipe: the init is their pid 1
+//     and sees to it that its /proc shows only the call's processes, /sys
+//     and the network only lo, the host's files are read-only and its /tmp
+//     is a tmpfs of the /tmp size (setup_namespaces in init_confine.c);
+//     its uid is mapped to itself, and to nothing else;
 //   - the code runs in a Landlock domain of its own: it reads the
 //     interpreter, its libraries and the system's files, writes only its
 //     own dir (its /tmp), executes only the interpreter, makes no TCP
@@ -40,7 +49,11 @@ import (
 //     and message queues refused too: their namespaces are the machine's;
 //   - the init is its subreaper, and the server theirs: every orphan of
 //     the call is killed when it ends, even one whose init died;
-//   - its dir is bounded in total (the /tmp size) and removed after it;
+//   - its dir is bounded in total (the /tmp size), by the tmpfs or,
+//     without namespaces, by a measure of the tree and of the files the
+//     call's processes hold without a name; it is removed after the call;
+//   - without a pid namespace, of /proc the code sees only its own main
+//     process and what is the machine's, not another process's;
 //   - under root, each concurrent call has a uid of its own, claimed
 //     host-wide like libcontainer's call slots;
 //   - the environment allowlist and rlimits on memory, processes, file
@@ -72,6 +85,9 @@ type ProcessRuntime struct {
 // ProcessIsolation is what the process runtime gives each call on this
 // host, as the tool's description and doctor report it.
 type ProcessIsolation struct {
+	// Namespaces: each call is in new user, pid, mount, network, IPC and
+	// UTS namespaces, its /tmp a tmpfs of the /tmp size.
+	Namespaces bool `json:"namespaces"`
 	// Landlock is the ABI of the code's Landlock domain; 0 when the host
 	// gives none.
 	Landlock int `json:"landlock_abi"`
@@ -89,8 +105,20 @@ type ProcessIsolation struct {
 // Summary is one sentence of what each call gets.
 func (i ProcessIsolation) Summary() string {
 	var parts []string
+	if i.Namespaces {
+		// A root server makes them without a user namespace (namespacesAttr).
+		kinds := "pid, mount, network, IPC and UTS"
+		if !i.UIDPerCall {
+			kinds = "user, " + kinds
+		}
+		parts = append(parts, kinds+" namespaces of its own (it sees only its own processes, "+
+			"no network interface but lo, and the machine's files read-only; its /tmp is a tmpfs of the /tmp size, removed after it)")
+	}
 	if i.Landlock > 0 {
 		s := "a Landlock domain of its own (it reads the interpreter and system files, writes only its own working directory, its /tmp, and runs only the interpreter"
+		if !i.Namespaces {
+			s += "; of /proc it sees only its own main process and the machine-wide files"
+		}
 		if i.Landlock >= 6 {
 			s += "; it can signal or trace no process outside itself"
 		}
@@ -102,12 +130,18 @@ func (i ProcessIsolation) Summary() string {
 	if i.UIDPerCall {
 		parts = append(parts, "a uid of its own")
 	}
-	parts = append(parts, "its files bounded at the /tmp size and removed after it", "limits on memory, processes, file size and CPU time")
-	if i.Subreaper {
+	if !i.Namespaces {
+		parts = append(parts, "its files, those it holds without a name included, bounded at the /tmp size and removed after it")
+	}
+	parts = append(parts, "limits on memory, processes, file size and CPU time")
+	if i.Subreaper || i.Namespaces {
 		parts = append(parts, "every process of it killed when it ends")
 	}
-	return "each call is a fresh process with " + strings.Join(parts, "; ") +
-		"; no container of its own (no namespaces or cgroups): the container the server runs in is the boundary for the rest"
+	rest := "no container of its own (no namespaces or cgroups): the container the server runs in is the boundary for the rest"
+	if i.Namespaces {
+		rest = "no cgroup of its own: the container the server runs in bounds the memory and processes of all calls together"
+	}
+	return "each call is a fresh process with " + strings.Join(parts, "; ") + "; " + rest
 }
 
 // NewProcess creates the process runtime, keeping its per-call dirs under
@@ -116,10 +150,10 @@ func (i ProcessIsolation) Summary() string {
 // run at all: a root server that may not change uids.
 func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 	cfg.setDefaults()
-	r := &ProcessRuntime{cfg: cfg}
-	if err := r.probe(); err != nil {
-		return nil, err
+	if cfg.ProcessNamespaces == "" {
+		cfg.ProcessNamespaces = NamespacesAuto
 	}
+	r := &ProcessRuntime{cfg: cfg}
 	base := cfg.WorkDir
 	if base == "" {
 		base = os.TempDir()
@@ -128,12 +162,19 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: creating the process runtime's dir under %s: %w", ErrUnsupported, base, err)
 	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
 	// Others need nothing here but to reach their own call's dir.
 	if err := os.Chmod(dir, 0o711); err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
 	r.dir = dir
+	if err := r.probe(); err != nil {
+		return nil, err
+	}
 	for _, p := range policy.ProcessReadable() {
 		if strings.HasSuffix(p, "*") {
 			matches, _ := filepath.Glob(p)
@@ -176,7 +217,213 @@ func (r *ProcessRuntime) probe() error {
 			r.iso.Missing = append(r.iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
 		}
 	}
+	var refused error
+	if r.cfg.ProcessNamespaces != NamespacesOff {
+		refused = r.probeNamespaces()
+	}
+	if refused != nil && r.cfg.ProcessNamespaces == NamespacesOn {
+		return fmt.Errorf("%w: {ProcessNamespaces} is true, but this host refuses the process runtime namespaces of its own: %w", ErrUnsupported, refused)
+	}
+	r.iso.Namespaces = r.cfg.ProcessNamespaces != NamespacesOff && refused == nil
+	if !r.iso.Namespaces {
+		r.iso.Missing = append(r.iso.Missing, namespacesMissing(refused, r.uids != nil))
+	}
 	return nil
+}
+
+// namespacesMissing is what a call lacks without namespaces of its own,
+// and how to get them: refused says why the host refused them, nil when
+// the configuration turned them off.
+func namespacesMissing(refused error, root bool) host.Missing {
+	m := host.Missing{What: "namespaces of its own",
+		Why: "the call shares the machine's network namespace (it lists the machine's interfaces and addresses over netlink), " +
+			"hostname and pid namespace (only Landlock, where the kernel has it, hides every other process's /proc from it); " +
+			"its /tmp is bounded by a measure, not a filesystem of that size: a fast writer gets a few MiB past the bound " +
+			"before it is killed, a file held without a name only through a memory mapping counts as far as it is mapped, " +
+			"and one in flight on a unix socket not at all",
+		Fix: "unset {ProcessNamespaces}, which is false"}
+	if refused != nil {
+		m.Fix = "allow unprivileged user namespaces and a fresh /proc in them (here: " + refused.Error() + "). " +
+			"In a container: docker or podman run --security-opt seccomp=unconfined (their default profile refuses user " +
+			"namespaces to a container without CAP_SYS_ADMIN) --security-opt systempaths=unconfined (a masked /proc " +
+			"refuses a fresh one); Kubernetes: a seccomp profile that allows unshare and procMount: Unmasked. On a host: " +
+			"sysctl user.max_user_namespaces above 0, kernel.unprivileged_userns_clone=1 (older Debian), " +
+			"kernel.apparmor_restrict_unprivileged_userns=0 (Ubuntu 23.10 and later); Linux 5.12 or later"
+		if root {
+			m.Fix = "give the server, as root, CAP_SYS_ADMIN to make them (here: " + refused.Error() + "), " +
+				"in a container with a seccomp profile that allows unshare and clone of namespaces and an unmasked /proc " +
+				"(docker: --cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt systempaths=unconfined); " +
+				"or run it as a user that is not root where unprivileged user namespaces are allowed"
+		}
+	}
+	return m
+}
+
+// Namespaces says whether the process runtime puts each call in
+// namespaces of its own.
+type Namespaces string
+
+const (
+	// NamespacesAuto: where the host lets the runtime make them, and
+	// otherwise the confinement without them, said (ProcessIsolation).
+	NamespacesAuto Namespaces = "auto"
+	// NamespacesOn: always; the runtime refuses to start without them.
+	NamespacesOn Namespaces = "true"
+	// NamespacesOff: never.
+	NamespacesOff Namespaces = "false"
+)
+
+// ParseNamespaces reads auto, true or false.
+func ParseNamespaces(s string) (Namespaces, error) {
+	switch n := Namespaces(s); n {
+	case NamespacesAuto, NamespacesOn, NamespacesOff:
+		return n, nil
+	}
+	return "", fmt.Errorf("want auto, true or false, got %q", s)
+}
+
+// namespaceFlags are the namespaces each call gets where the host lets
+// the runtime make them: bubblewrap's --unshare-all, but for the cgroup
+// namespace (the process runtime makes no cgroup).
+const namespaceFlags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET |
+	syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
+
+// namespacesAttr starts a process, the init, as pid 1 of new namespaces.
+//
+// A server that is not root needs a user namespace to make the others.
+// It maps the server's uid and gid to themselves, and nothing else; the
+// server may not write those maps (it is not dumpable, so its child's
+// /proc files are root's until the child execs), so the init maps its
+// own ids itself (map_own_ids), as bubblewrap's child does. Across its
+// exec as a uid that is not 0 the init keeps, ambient, the capabilities
+// it needs in its namespaces to make them the call's, and gives them all
+// up once it has (setup_namespaces).
+//
+// Root makes them without one: a user namespace root made would charge
+// its processes' per-user counts (processes, inotify instances) to
+// root's in the host's as well as to the call's uid in it, so that calls
+// would share them again; made as the call's uid it would take a process
+// more. The init stays root in them, as a container's init, keeps what
+// such an init keeps, and starts the code as the call's uid.
+//
+// No parent-death signal here: os/exec checks that the parent still
+// lives by getppid, which is 0 in a new pid namespace, and would kill the
+// child; the init sets its own, first thing.
+func namespacesAttr(root bool) *syscall.SysProcAttr {
+	if root {
+		return &syscall.SysProcAttr{Setpgid: true, Cloneflags: namespaceFlags &^ syscall.CLONE_NEWUSER}
+	}
+	return &syscall.SysProcAttr{Setpgid: true, Cloneflags: namespaceFlags,
+		AmbientCaps: []uintptr{unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN, unix.CAP_SETPCAP}}
+}
+
+// rootInitCaps are the capabilities a root server's init keeps once it
+// has made its namespaces: a container's init's, and CAP_SYS_RESOURCE,
+// with which it sets the code's CPU limit (the code is another uid).
+func rootInitCaps() (uint64, error) {
+	var caps uint64
+	for _, name := range append(slices.Clone(policy.InitCapabilities().Effective), "CAP_SYS_RESOURCE") {
+		c, err := capabilityByName(name)
+		if err != nil {
+			return 0, err
+		}
+		caps |= 1 << uint(c)
+	}
+	return caps, nil
+}
+
+// probeNamespaces starts the probe as a call's init is started
+// (namespacesAttr) and has it make its namespaces a call's, on the
+// runtime's dir, as the init does: nil, or why this host refuses them.
+func (r *ProcessRuntime) probeNamespaces() error {
+	root := r.uids != nil
+	uid, gid := os.Geteuid(), os.Getegid()
+	opts := []string{"nosuid", "nodev", "noexec", "size=65536"}
+	ns, err := r.callNamespaces(policy.Hostname, r.dir, opts, r.dir, opts, uid, gid, policy.MaskedPaths(), policy.ReadonlyPaths())
+	if err != nil {
+		return err
+	}
+	cfg := &initConfig{Init: bundle.Init{UID: uint32(uid), GID: uint32(gid), WorkDir: r.dir,
+		Script: filepath.Join(r.dir, "main.py"), Argv: []string{"python3", "main.py"}},
+		Process: &processConfig{Namespaces: ns}}
+	payload, err := cfg.encode()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), host.ProbeTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/proc/self/exe", probeMarker, probeNamespacesArg)
+	cmd.Args[0] = "mcp-exec-probe"
+	cmd.Env, cmd.Dir = []string{}, r.dir
+	cmd.SysProcAttr = namespacesAttr(root)
+	cmd.Stdin = bytes.NewReader(frame(hConfig, payload))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		if msg := strings.TrimSpace(stderr.String()); msg != "" {
+			return errors.New(strings.TrimPrefix(msg, "mcp-exec init: "))
+		}
+		return fmt.Errorf("starting a process in new namespaces: %w", err)
+	}
+	if got := strings.TrimSpace(stdout.String()); got != "namespaces=0" {
+		return fmt.Errorf("the namespace probe said %q", got)
+	}
+	return nil
+}
+
+// callNamespaces is what the init makes of a call's namespaces: a fresh
+// /proc (the container's masks and read-only paths in it) and /sys,
+// read-only; a tmpfs on the work dir with the options of the container's
+// /tmp, the call's own (uid and gid, mode 0700), and one on the script's
+// dir with those of its /code; the hostname; the capabilities the init
+// keeps.
+func (r *ProcessRuntime) callNamespaces(hostname, work string, workOpts []string, code string, codeOpts []string, uid, gid int, masked, readonly []string) (*forkedConfig, error) {
+	f := &forkedConfig{
+		Mounts: []forkedMount{
+			{Target: "/proc", Type: "proc", Source: "proc", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+			{Target: "/sys", Type: "sysfs", Source: "sysfs", Flags: unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+			tmpfsMount(work, workOpts, fmt.Sprintf("mode=0700,uid=%d,gid=%d", uid, gid)),
+			tmpfsMount(code, codeOpts, ""),
+		},
+		Masked: slices.Clone(masked), Readonly: slices.Clone(readonly), Hostname: hostname,
+	}
+	if r.uids != nil {
+		caps, err := rootInitCaps()
+		if err != nil {
+			return nil, err
+		}
+		f.KeepCaps = caps
+	}
+	return f, nil
+}
+
+// tmpfsMount is a tmpfs on target with a spec mount's options, as
+// mount(2) takes them; own, when not empty, replaces their mode.
+func tmpfsMount(target string, opts []string, own string) forkedMount {
+	m := forkedMount{Target: target, Type: "tmpfs", Source: "tmpfs"}
+	var data []string
+	if own != "" {
+		data = append(data, own)
+	}
+	for _, o := range opts {
+		switch o {
+		case "nosuid":
+			m.Flags |= unix.MS_NOSUID
+		case "nodev":
+			m.Flags |= unix.MS_NODEV
+		case "noexec":
+			m.Flags |= unix.MS_NOEXEC
+		case "ro":
+			m.Flags |= unix.MS_RDONLY
+		case "rw":
+		default:
+			if own == "" || !strings.HasPrefix(o, "mode=") {
+				data = append(data, o)
+			}
+		}
+	}
+	m.Data = strings.Join(data, ",")
+	return m
 }
 
 // readProbe turns the probe's line (probe_confinement in init_helpers.c)
@@ -285,26 +532,29 @@ func (pc *procContainer) create(context.Context) error {
 	if err := os.Chmod(b.Dir, 0o711); err != nil {
 		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	cfg, err := pc.rt.initConfig(b, work, code)
+	// An unprivileged server's calls run as its own ids; under root each
+	// has a uid of its own, which owns its work dir.
+	uid, gid := os.Geteuid(), os.Getegid()
+	if pc.rt.uids != nil {
+		var err error
+		if pc.uid, err = pc.rt.uids.get(); err != nil {
+			return err
+		}
+		_, uid = pc.rt.uids.claims.ids(pc.uid.index)
+		gid = uid
+		pc.rt.reaper.addUID(uid)
+		if err := os.Chown(work, uid, gid); err != nil {
+			return fmt.Errorf("%w: %w", ErrSandbox, err)
+		}
+		if err := os.Chmod(code, 0o755); err != nil {
+			return fmt.Errorf("%w: %w", ErrSandbox, err)
+		}
+	}
+	cfg, err := pc.rt.initConfig(b, work, code, uid, gid)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
 	pc.cfg, pc.work = cfg, work
-	if pc.rt.uids == nil {
-		return nil
-	}
-	if pc.uid, err = pc.rt.uids.get(); err != nil {
-		return err
-	}
-	_, id := pc.rt.uids.claims.ids(pc.uid.index)
-	cfg.UID, cfg.GID = uint32(id), uint32(id)
-	pc.rt.reaper.addUID(id)
-	if err := os.Chown(work, id, id); err != nil {
-		return fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	if err := os.Chmod(code, 0o755); err != nil {
-		return fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
 	return nil
 }
 
@@ -312,7 +562,8 @@ func (pc *procContainer) initConfig() (*initConfig, error)              { return
 func (pc *procContainer) stdio() (child, parent [3]*os.File, err error) { return pipes() }
 
 // start starts the init, in a process group of its own so that the whole
-// of it is killed at once, as one of the subreaper's own children.
+// of it is killed at once, as one of the subreaper's own children; where
+// the host lets it, in namespaces of its own, as their pid 1.
 func (pc *procContainer) start(child [3]*os.File) error {
 	cmd := exec.Command("/proc/self/exe", initMarker)
 	cmd.Args[0] = "mcp-exec-init"
@@ -320,6 +571,9 @@ func (pc *procContainer) start(child [3]*os.File) error {
 	cmd.Dir = pc.work
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if pc.rt.iso.Namespaces {
+		cmd.SysProcAttr = namespacesAttr(pc.uid != nil)
+	}
 	if err := pc.rt.reaper.start(cmd); err != nil {
 		return err
 	}
@@ -338,7 +592,9 @@ func (pc *procContainer) started() error { return nil }
 
 // kill SIGKILLs the init's process group; the init, the code's subreaper,
 // kills the code's when it sees the host go, and the server is the
-// subreaper of what is left should the init be gone.
+// subreaper of what is left should the init be gone. In namespaces of its
+// own the init is pid 1 of the call's: everything of the call dies with
+// it.
 func (pc *procContainer) kill() {
 	pc.mu.Lock()
 	cmd := pc.cmd
@@ -378,13 +634,16 @@ func (pc *procContainer) destroy() error {
 // named relative to the work dir, so that no other process sees where the
 // call's dir is on its command line), the limits a cgroup would have
 // enforced as rlimits (memory as data, processes, file size; processes are
-// counted per uid by the kernel), and the code's confinement.
-func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string) (*initConfig, error) {
+// counted per uid by the kernel), the code's confinement, and, where the
+// host lets it, the call's namespaces. The code runs as uid and gid: an
+// unprivileged server's own, or, under root, the call's.
+func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gid int) (*initConfig, error) {
 	in := b.Init
 	in.WorkDir = work
 	in.Script = filepath.Join(code, "main.py")
 	in.Argv = append(slices.Clone(in.Argv[:len(in.Argv)-1]), filepath.Join("..", filepath.Base(code), "main.py"))
 	in.Rlimits = slices.Clone(in.Rlimits)
+	in.UID, in.GID = uint32(uid), uint32(gid)
 	lim := func(typ string, v int64) {
 		in.Rlimits = append(in.Rlimits, specs.POSIXRlimit{Type: typ, Soft: uint64(v), Hard: uint64(v)})
 	}
@@ -412,6 +671,17 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string) (*initC
 	}
 	if r.iso.Landlock > 0 {
 		p.Landlock = r.iso.Landlock
+	}
+	if r.iso.Namespaces {
+		// The tmpfs is the bound; /proc is the call's own.
+		p.ScratchBytes = 0
+		if p.Namespaces, err = r.callNamespaces(b.Spec.Hostname, work, specMount(b.Spec, policy.WorkDir).Options, code,
+			specMount(b.Spec, bundle.CodeDir).Options, int(in.UID), int(in.GID), b.Spec.Linux.MaskedPaths, b.Spec.Linux.ReadonlyPaths); err != nil {
+			return nil, err
+		}
+	} else if p.Landlock > 0 {
+		p.ProcSelf = true
+		p.Read = slices.DeleteFunc(p.Read, func(path string) bool { return path == "/proc" })
 	}
 	for _, kv := range b.Spec.Process.Env {
 		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
@@ -464,17 +734,22 @@ func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }
 
+// specMount is the spec's mount at dest, or a zero one.
+func specMount(s *specs.Spec, dest string) specs.Mount {
+	for _, m := range s.Mounts {
+		if m.Destination == dest {
+			return m
+		}
+	}
+	return specs.Mount{}
+}
+
 // tmpfsSize is the size of the spec's /tmp, or 0.
 func tmpfsSize(s *specs.Spec) int64 {
-	for _, m := range s.Mounts {
-		if m.Destination != "/tmp" {
-			continue
-		}
-		for _, o := range m.Options {
-			if v, ok := strings.CutPrefix(o, "size="); ok {
-				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-					return n
-				}
+	for _, o := range specMount(s, "/tmp").Options {
+		if v, ok := strings.CutPrefix(o, "size="); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				return n
 			}
 		}
 	}
