@@ -83,7 +83,7 @@ func TestNamespacesMissing(t *testing.T) {
 		t.Errorf("namespacesMissing(refused, root) = %+v, want CAP_SYS_ADMIN and the host's reason", root)
 	}
 	if refused.What != "namespaces of its own" || !strings.Contains(refused.Fix, "unshare: operation not permitted") ||
-		!strings.Contains(refused.Fix, "seccomp=unconfined") || !strings.Contains(refused.Why, "netlink") {
+		!strings.Contains(refused.Fix, "systempaths=unconfined") || !strings.Contains(refused.Why, "netlink") {
 		t.Errorf("namespacesMissing(refused) = %+v, want the host's reason, the container fix and the cost", refused)
 	}
 	if !strings.Contains(off.Fix, "{ProcessNamespaces}") || strings.Contains(off.Fix, "seccomp") {
