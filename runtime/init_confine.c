@@ -52,7 +52,8 @@ struct setattr {
 // fresh /proc shows only the call's processes, with the container's
 // masks; a fresh /sys shows only lo; a tmpfs of the /tmp size is the work
 // dir (a hard bound, files without a name included) and another holds
-// the script; the hostname is the sandbox's and lo is up. Then the init
+// the script; the hostname is the sandbox's (where the outer seccomp
+// profile allows it) and lo is up. Then the init
 // gives up its capabilities: all those it had in the namespaces (what it
 // does from here, any process of the call's uid could), or, made by a
 // root server without a user namespace, all but a container's init's.
@@ -75,7 +76,11 @@ void setup_namespaces(const struct config *c) {
 		}
 	}
 	fresh_proc_paths(c);
-	if (c->hostname != NULL && sethostname(c->hostname, strlen(c->hostname)) < 0)
+	// A container engine's seccomp profile may refuse sethostname to a
+	// container without CAP_SYS_ADMIN (docker's and podman's do): the
+	// call's UTS namespace then keeps the name the server's container has,
+	// which is no secret, and which the code cannot change either.
+	if (c->hostname != NULL && sethostname(c->hostname, strlen(c->hostname)) < 0 && errno != EPERM)
 		die("setting the hostname");
 	loopback(c->loopback_mtu);
 	// The init started in the work dir the tmpfs now covers (the call's
