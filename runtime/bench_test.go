@@ -89,6 +89,62 @@ func BenchmarkPrint1(b *testing.B) {
 	}
 }
 
+// BenchmarkProcessPrint1 measures one print(1) of the process runtime,
+// a call in namespaces of its own and one without, against the host's
+// python3 -c print(1) measured in the same loop: what the namespaces cost.
+func BenchmarkProcessPrint1(b *testing.B) {
+	for _, ns := range []runtime.Namespaces{runtime.NamespacesOn, runtime.NamespacesOff} {
+		b.Run("namespaces="+string(ns), func(b *testing.B) {
+			py, err := rootfs.FindPython(context.Background(), "")
+			if err != nil {
+				b.Skipf("no host python3: %v", err)
+			}
+			// A call's own uid (under root) passes through to its dir.
+			work := b.TempDir()
+			for _, d := range []string{filepath.Dir(work), work} {
+				if err := os.Chmod(d, 0o711); err != nil {
+					b.Fatal(err)
+				}
+			}
+			rt, err := runtime.New(runtime.Process, runtime.Config{StateDir: b.TempDir() + "/state", WorkDir: work, ProcessNamespaces: ns})
+			if err != nil {
+				b.Skipf("the process runtime: %v", err)
+			}
+			defer rt.Close()
+			cfg := testBundleConfig("/", rt, policy.DefaultLimits())
+			cfg.Python = py.Path
+			var total, base []time.Duration
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				bd, err := bundle.New(rt.BundleDir(), cfg, uuid.NewString())
+				if err != nil {
+					b.Fatal(err)
+				}
+				sb, err := rt.Prepare(context.Background(), bd)
+				if err != nil {
+					b.Fatal(err)
+				}
+				res, err := sb.Run(context.Background(), runtime.Request{Code: []byte("print(1)"), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+				if err != nil || string(res.Stdout) != "1\n" {
+					b.Fatalf("run: %v %q %q", err, res.Stdout, res.Stderr)
+				}
+				if err := sb.Close(); err != nil {
+					b.Fatal(err)
+				}
+				total = append(total, time.Since(t0))
+				t1 := time.Now()
+				if out, err := exec.Command(py.Path, "-c", "print(1)").Output(); err != nil || string(out) != "1\n" {
+					b.Fatalf("baseline: %v %q", err, out)
+				}
+				base = append(base, time.Since(t1))
+			}
+			b.ReportMetric(ms(median(total)), "total-ms")
+			b.ReportMetric(ms(median(base)), "python3-ms")
+			b.ReportMetric(float64(median(total))/float64(median(base)), "x-python3")
+		})
+	}
+}
+
 func median(d []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })

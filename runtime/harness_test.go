@@ -242,6 +242,12 @@ func forEachRuntimeAndProcess(t *testing.T, modes mode, f func(t *testing.T, h *
 			f(t, h)
 		})
 	}
+	// Where the host refuses the process runtime namespaces of its own
+	// (the 0.5.4 deployment's flags): what its confinement is then.
+	t.Run("process-nonamespaces", func(t *testing.T) {
+		testenv.Parallel(t)
+		f(t, newProcessHarnessNamespaces(t, policy.DefaultLimits(), runtime.NamespacesOff))
+	})
 	if testing.Short() {
 		return
 	}
@@ -388,8 +394,16 @@ func newHarnessConfig(t *testing.T, kind runtime.Kind, limits policy.Limits, rcf
 }
 
 // newProcessHarness is a process runtime with its calls' dirs in a temp
-// dir of the test's, on the host's interpreter.
+// dir of the test's, on the host's interpreter, each call in namespaces of
+// its own: a host that refuses them cannot run these tests.
 func newProcessHarness(t *testing.T, limits policy.Limits) *harness {
+	t.Helper()
+	return newProcessHarnessNamespaces(t, limits, runtime.NamespacesOn)
+}
+
+// newProcessHarnessNamespaces is newProcessHarness with namespaces as ns
+// says.
+func newProcessHarnessNamespaces(t *testing.T, limits policy.Limits, ns runtime.Namespaces) *harness {
 	t.Helper()
 	py, err := rootfs.FindPython(context.Background(), "")
 	if err != nil {
@@ -412,7 +426,10 @@ func newProcessHarness(t *testing.T, limits policy.Limits) *harness {
 			}
 		}
 	}
-	rt, err := runtime.New(runtime.Process, runtime.Config{StateDir: filepath.Join(t.TempDir(), "state"), WorkDir: work})
+	rt, err := runtime.New(runtime.Process, runtime.Config{StateDir: filepath.Join(t.TempDir(), "state"), WorkDir: work, ProcessNamespaces: ns})
+	if err != nil && ns == runtime.NamespacesOn && strings.Contains(err.Error(), "refuses the process runtime namespaces") {
+		need(t, "%v", err)
+	}
 	if err != nil {
 		t.Fatalf("runtime.New(process): %v", err)
 	}

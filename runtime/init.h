@@ -51,8 +51,13 @@ struct config {
 	unsigned char *seccomp; // BPF program; NULL: none
 	size_t seccomp_len;
 	uint64_t scratch_bytes; // bound on the bytes under workdir; 0: none
+	int proc_self;          // of /proc the domain reads the machine's entries and the code's own process only
 	int template_mode;      // a template's init: the interpreter is a zygote
-	// A forked sandbox's init sets these up in its new namespaces.
+	// The process runtime's init starts in namespaces of its own, which it
+	// makes the call's (setup_namespaces) with what follows.
+	int namespaces;
+	// A forked sandbox's init, and a process runtime's in namespaces of
+	// its own, set these up in their new namespaces.
 	struct fmount *mounts;
 	int nmounts;
 	struct strv mask, readonly;
@@ -100,6 +105,7 @@ int export_outputs(const struct config *c, void *arg);
 int empty_outputs(const struct config *c, void *arg);
 
 // init_confine.c
+void setup_namespaces(const struct config *c);
 void confine(const struct config *c);
 void install_seccomp(const struct config *c);
 void kill_children(void);
@@ -111,6 +117,9 @@ int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap);
 
 // init_forked.c
 void setup_forked(const struct config *c);
+void fresh_proc_paths(const struct config *c);
+void loopback(int mtu);
+void keep_caps(uint64_t keep);
 const char *check_confined(const struct config *c, pid_t pid);
 
 // init_template.c
@@ -119,7 +128,12 @@ void template_serve(const struct config *c, int sfd) __attribute__((noreturn));
 // sandboxinit.c
 void forked_init(int nprocs) __attribute__((noreturn));
 
-// init_helpers.c
+// init_userns.c
 int userns_hold(void);
+int ids_unmapped(void);
+void map_own_ids(uid_t uid, gid_t gid);
+
+// init_helpers.c
 int probe_confinement(void);
+int probe_namespaces(void);
 int kill_own_uid(void);

@@ -1,8 +1,10 @@
 // The process runtime's confinement of the code, in place of a container:
-// a Landlock domain of its own (what it may read, execute and write; no
+// where the host lets it, namespaces of its own (setup_namespaces); a
+// Landlock domain of its own (what it may read, execute and write; no
 // signal, ptrace or abstract socket beyond itself; no TCP), the seccomp
-// filter, and a bound on the files it keeps under its work dir. And the
-// subreaper's sweep: every orphan that comes back to the init is killed.
+// filter, and, without namespaces, a bound on the files it keeps under its
+// work dir, named or not. And the subreaper's sweep: every orphan that
+// comes back to the init is killed.
 //
 // Everything here fails closed: the runtime asked for exactly what this
 // host could give (it probed it, probe_confinement), so a step that fails
@@ -20,11 +22,73 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
+
+// mount_setattr(2) (Linux 5.12), spelled out for older headers.
+#ifndef __NR_mount_setattr
+#define __NR_mount_setattr 442
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#define ATTR_RDONLY 0x00000001ULL // MOUNT_ATTR_RDONLY
+
+struct setattr {
+	uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+
+// setup_namespaces makes the namespaces the process runtime's init starts
+// in — new pid, mount, network, IPC and UTS ones, and, under a server
+// that is not root, a user namespace that maps its uid to itself, made as
+// the server started it as their pid 1 — the call's, as bubblewrap does: the host's root stays the
+// root (the interpreter and the system's files are the host's), but no
+// mount event goes either way and every mount of it is read-only; a
+// fresh /proc shows only the call's processes, with the container's
+// masks; a fresh /sys shows only lo; a tmpfs of the /tmp size is the work
+// dir (a hard bound, files without a name included) and another holds
+// the script; the hostname is the sandbox's (where the outer seccomp
+// profile allows it) and lo is up. Then the init
+// gives up its capabilities: all those it had in the namespaces (what it
+// does from here, any process of the call's uid could), or, made by a
+// root server without a user namespace, all but a container's init's.
+void setup_namespaces(const struct config *c) {
+	// It ends the call with kill(-1), which only pid 1 of the call's own
+	// pid namespace may do.
+	if (getpid() != 1)
+		die_errno("the init is not pid 1 of a pid namespace of its own", EINVAL);
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		die("making the call's mounts private");
+	struct setattr ro = {.attr_set = ATTR_RDONLY};
+	if (syscall(__NR_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &ro, sizeof ro) < 0)
+		die("making the host's files read-only in the call's mount namespace (mount_setattr, Linux 5.12)");
+	for (int i = 0; i < c->nmounts; i++) {
+		const struct fmount *m = &c->mounts[i];
+		if (mount(m->source, m->target, m->type, m->flags, m->data) < 0) {
+			char what[PATH_MAX + 64];
+			snprintf(what, sizeof what, "mounting a fresh %s on %s", m->type, m->target);
+			die(what);
+		}
+	}
+	fresh_proc_paths(c);
+	// A container engine's seccomp profile may refuse sethostname to a
+	// container without CAP_SYS_ADMIN (docker's and podman's do): the
+	// call's UTS namespace then keeps the name the server's container has,
+	// which is no secret, and which the code cannot change either.
+	if (c->hostname != NULL && sethostname(c->hostname, strlen(c->hostname)) < 0 && errno != EPERM)
+		die("setting the hostname");
+	loopback(c->loopback_mtu);
+	// The init started in the work dir the tmpfs now covers (the call's
+	// own: a root init may enter it only while it may override modes).
+	if (chdir(c->workdir) < 0)
+		die("entering the work dir");
+	keep_caps(c->keep_caps);
+}
 
 // Landlock's ABI, spelled out: the C library's headers may be older than
 // the kernel. Syscall numbers are the same on every architecture.
@@ -84,29 +148,56 @@ static uint64_t handled_fs(int abi) {
 	return r;
 }
 
-// add_rules grants rights on each path of l; a path that is not there is
-// skipped (the runtime listed what the host had when it started).
-static void add_rules(int ruleset, const struct strv *l, uint64_t rights, uint64_t handled) {
-	for (int i = 0; i < l->n; i++) {
-		int fd = open(l->v[i], O_PATH | O_CLOEXEC);
-		if (fd < 0) {
-			if (errno == ENOENT)
-				continue;
-			die(l->v[i]);
-		}
-		struct stat st;
-		if (fstat(fd, &st) < 0)
-			die(l->v[i]);
-		struct ll_path_beneath rule = {.allowed_access = rights & handled, .parent_fd = fd};
-		if (!S_ISDIR(st.st_mode))
-			rule.allowed_access &= FS_FILE_RIGHTS;
-		if (rule.allowed_access != 0 && syscall(__NR_landlock_add_rule, ruleset, LL_RULE_PATH_BENEATH, &rule, 0) < 0) {
-			char what[PATH_MAX + 64];
-			snprintf(what, sizeof what, "adding the Landlock rule of %s", l->v[i]);
-			die(what);
-		}
-		close(fd);
+// add_rule grants rights on path; a path that is not there is skipped
+// (the runtime listed what the host had when it started).
+static void add_rule(int ruleset, const char *path, uint64_t rights, uint64_t handled) {
+	int fd = open(path, O_PATH | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return;
+		die(path);
 	}
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		die(path);
+	struct ll_path_beneath rule = {.allowed_access = rights & handled, .parent_fd = fd};
+	if (!S_ISDIR(st.st_mode))
+		rule.allowed_access &= FS_FILE_RIGHTS;
+	if (rule.allowed_access != 0 && syscall(__NR_landlock_add_rule, ruleset, LL_RULE_PATH_BENEATH, &rule, 0) < 0) {
+		char what[PATH_MAX + 64];
+		snprintf(what, sizeof what, "adding the Landlock rule of %s", path);
+		die(what);
+	}
+	close(fd);
+}
+
+static void add_rules(int ruleset, const struct strv *l, uint64_t rights, uint64_t handled) {
+	for (int i = 0; i < l->n; i++)
+		add_rule(ruleset, l->v[i], rights, handled);
+}
+
+// add_proc_rules grants rights on what of /proc is the machine's, not a
+// process's (every entry that is not a pid's dir or a link into one), and
+// on the calling process's own dir (its threads' are below it): the
+// code's main process sees itself, and no other process — not the
+// server, not another call, not its own children. Without a pid
+// namespace of its own, that is what keeps a call from reading the
+// command lines, and every other file, of the machine's processes.
+static void add_proc_rules(int ruleset, uint64_t rights, uint64_t handled) {
+	char path[300];
+	snprintf(path, sizeof path, "/proc/%d", (int)getpid());
+	add_rule(ruleset, path, rights, handled);
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		die("listing /proc");
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.' || (e->d_name[0] >= '0' && e->d_name[0] <= '9') || e->d_type == DT_LNK)
+			continue;
+		snprintf(path, sizeof path, "/proc/%s", e->d_name);
+		add_rule(ruleset, path, rights, handled);
+	}
+	closedir(d);
 }
 
 // landlock puts the calling process into a domain of its own: its own
@@ -130,6 +221,8 @@ static void landlock(const struct config *c) {
 	const uint64_t write = read | FS_WRITE_FILE | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_DIR | FS_MAKE_REG |
 			       FS_MAKE_SOCK | FS_MAKE_FIFO | FS_MAKE_SYM | FS_REFER | FS_TRUNCATE;
 	add_rules(rs, &c->read, read, fs);
+	if (c->proc_self)
+		add_proc_rules(rs, read, fs);
 	add_rules(rs, &c->exec, read | FS_EXECUTE, fs);
 	add_rules(rs, &c->devices, FS_READ_FILE | FS_WRITE_FILE | FS_IOCTL_DEV, fs);
 	add_rules(rs, &c->write, write, fs);
@@ -161,6 +254,27 @@ void confine(const struct config *c) {
 		install_seccomp(c);
 }
 
+// parent_of returns the parent of the process named pid in /proc, or -1.
+static pid_t parent_of(const char *pid) {
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%s/stat", pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	char *rp = strrchr(buf, ')');
+	int ppid;
+	if (rp == NULL || sscanf(rp + 1, " %*c %d", &ppid) != 1)
+		return -1;
+	return ppid;
+}
+
+static int is_pid(const char *name) { return name[0] >= '0' && name[0] <= '9'; }
+
 // kill_children kills every child of this process but the export and
 // input helpers, which are waited for where they are forked: in the
 // process runtime the init is the code's subreaper, so every orphan the
@@ -172,36 +286,25 @@ void kill_children(void) {
 	pid_t self = getpid();
 	struct dirent *e;
 	while ((e = readdir(d)) != NULL) {
-		if (e->d_name[0] < '0' || e->d_name[0] > '9')
-			continue;
-		char path[300], buf[512];
-		snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
-			continue;
-		ssize_t n = read(fd, buf, sizeof buf - 1);
-		close(fd);
-		if (n <= 0)
-			continue;
-		buf[n] = '\0';
-		char *rp = strrchr(buf, ')');
-		int ppid = 0;
-		if (rp != NULL && sscanf(rp + 1, " %*c %d", &ppid) == 1 && ppid == self)
+		if (is_pid(e->d_name) && parent_of(e->d_name) == self)
 			kill(atoi(e->d_name), SIGKILL);
 	}
 	closedir(d);
 }
 
-// The scratch bound: the process runtime has no tmpfs of the call's size,
-// so the init measures what the code keeps under its work dir whenever
-// anything there changes (inotify on every dir of the tree), and kills the
-// code when it goes past the bound. Each file is bounded by RLIMIT_FSIZE
-// too, so no single write goes far past it.
+// The scratch bound: without namespaces the process runtime has no tmpfs
+// of the call's size, so the init measures what the code keeps under its
+// work dir whenever anything there changes (inotify on every dir of the
+// tree), and every 250 ms, and kills the code when it goes past the
+// bound. Each file is bounded by RLIMIT_FSIZE too, so no single write goes
+// far past it. The measure counts the files the code holds without a
+// name as well (nameless_bytes).
 struct scratch {
 	const struct config *c;
 	int ino;
+	dev_t dev; // the work dir's filesystem
 	uint64_t bytes, entries;
-	int unreadable, too_deep;
+	int unreadable, too_deep, hidden;
 	// A measure costs a walk of the tree: the next waits as long as the
 	// last took, so that a code making thousands of files is not slowed
 	// down by more than half; a change in between marks the tree dirty.
@@ -260,6 +363,194 @@ static void measure(struct scratch *s, int dir, int depth) {
 	closedir(d);
 }
 
+// Files without a name: the walk of the tree cannot see a file the code
+// unlinked while it holds it, or made with O_TMPFILE, yet its blocks are
+// on the work dir's filesystem as much as a named file's. The measure
+// adds each such file a process of the call holds: through a descriptor,
+// at its blocks; through a memory mapping alone, at the end of its
+// furthest mapping (all that can be told of it without a descriptor: the
+// file may be longer).
+struct held_file {
+	ino_t ino;
+	uint64_t bytes;
+	int exact; // seen through a descriptor: its blocks
+};
+
+struct held {
+	dev_t dev;
+	struct held_file *v;
+	int n, cap;
+	int hidden; // a process of the call would not show its files
+};
+
+static void hold(struct held *h, ino_t ino, uint64_t bytes, int exact) {
+	for (int i = 0; i < h->n; i++) {
+		struct held_file *f = &h->v[i];
+		if (f->ino != ino)
+			continue;
+		if (exact > f->exact || (exact == f->exact && bytes > f->bytes))
+			*f = (struct held_file){ino, bytes, exact};
+		return;
+	}
+	if (h->n == h->cap) {
+		h->cap = h->cap ? h->cap * 2 : 16;
+		h->v = realloc(h->v, (size_t)h->cap * sizeof *h->v);
+		if (h->v == NULL)
+			die("allocating");
+	}
+	h->v[h->n++] = (struct held_file){ino, bytes, exact};
+}
+
+// gone says whether the process named pid has given up its memory, and
+// with it its files: it has exited, or is exiting (its /proc files are
+// root's from then on, as a process's that is not dumpable are).
+static int gone(const char *pid) {
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%s/stat", pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 1;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n <= 0)
+		return 1;
+	buf[n] = '\0';
+	char *rp = strrchr(buf, ')');
+	char state;
+	unsigned long long vsize;
+	// After the name: state (3), then fields 4 to 22, then vsize (23).
+	if (rp == NULL || sscanf(rp + 2, "%c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu",
+				 &state, &vsize) != 2)
+		return 1;
+	return state == 'Z' || state == 'X' || vsize == 0;
+}
+
+// A /proc file of a process of the call that cannot be read while the
+// process still has its memory hides what it holds: the call cannot be
+// bounded.
+static void unreadable_proc(struct held *h, const char *pid) {
+	if (errno != ENOENT && errno != ESRCH && !gone(pid))
+		h->hidden = 1;
+}
+
+static void held_by_fds(struct held *h, const char *pid) {
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%s/fd", pid);
+	DIR *d = opendir(path);
+	if (d == NULL) {
+		unreadable_proc(h, pid);
+		return;
+	}
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		struct stat st;
+		if (e->d_name[0] == '.')
+			continue;
+		if (fstatat(dirfd(d), e->d_name, &st, 0) < 0) {
+			if (errno == EACCES || errno == EPERM)
+				unreadable_proc(h, pid);
+			continue; // closed since
+		}
+		if (S_ISREG(st.st_mode) && st.st_nlink == 0 && st.st_dev == h->dev)
+			hold(h, st.st_ino, (uint64_t)st.st_blocks * 512, 1);
+	}
+	closedir(d);
+}
+
+static void held_by_maps(struct held *h, const char *pid) {
+	char path[64], line[PATH_MAX + 256];
+	snprintf(path, sizeof path, "/proc/%s/maps", pid);
+	FILE *f = fopen(path, "re");
+	if (f == NULL) {
+		unreadable_proc(h, pid);
+		return;
+	}
+	static const char deleted[] = " (deleted)\n";
+	while (fgets(line, sizeof line, f) != NULL) {
+		unsigned long long start, end, off, ino;
+		unsigned maj, min;
+		size_t n = strlen(line);
+		if (n < sizeof deleted || strcmp(line + n - (sizeof deleted - 1), deleted) != 0)
+			continue;
+		if (sscanf(line, "%llx-%llx %*s %llx %x:%x %llu", &start, &end, &off, &maj, &min, &ino) != 6)
+			continue;
+		if (ino != 0 && makedev(maj, min) == h->dev)
+			hold(h, (ino_t)ino, off + (end - start), 0);
+	}
+	fclose(f);
+}
+
+static int by_pid(const void *a, const void *b) {
+	pid_t x = *(const pid_t *)a, y = *(const pid_t *)b;
+	return (x > y) - (x < y);
+}
+
+// call_procs lists the init's descendants, every process of the call (an
+// orphan comes back to the init, its subreaper), as pairs of pid and
+// parent, sorted; it returns how many are the call's (the first *n), or
+// -1.
+static int call_procs(pid_t (**out)[2]) {
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		return -1;
+	pid_t(*p)[2] = NULL;
+	int n = 0, cap = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		pid_t ppid = is_pid(e->d_name) ? parent_of(e->d_name) : -1;
+		if (ppid < 0)
+			continue;
+		if (n == cap && (p = realloc(p, (size_t)(cap = cap ? cap * 2 : 256) * sizeof *p)) == NULL)
+			die("allocating");
+		p[n][0] = atoi(e->d_name);
+		p[n++][1] = ppid;
+	}
+	closedir(d);
+	// The call's first, grown a generation at a pass.
+	pid_t self = getpid();
+	int mine = 0;
+	for (int grew = 1; grew;) {
+		grew = 0;
+		size_t known = (size_t)mine;
+		qsort(p, known, sizeof *p, by_pid);
+		for (int i = mine; i < n; i++) {
+			if (p[i][1] != self && bsearch(&p[i][1], p, known, sizeof *p, by_pid) == NULL)
+				continue;
+			pid_t t[2] = {p[i][0], p[i][1]};
+			memcpy(p[i], p[mine], sizeof t);
+			memcpy(p[mine++], t, sizeof t);
+			grew = 1;
+		}
+	}
+	*out = p;
+	return mine;
+}
+
+// nameless_bytes is what the call's processes hold of the work dir's
+// filesystem without a name.
+static uint64_t nameless_bytes(struct scratch *s) {
+	pid_t(*p)[2];
+	int n = call_procs(&p);
+	if (n < 0) {
+		s->unreadable = 1;
+		return 0;
+	}
+	struct held h = {.dev = s->dev};
+	for (int i = 0; i < n; i++) {
+		char pid[16];
+		snprintf(pid, sizeof pid, "%d", (int)p[i][0]);
+		held_by_fds(&h, pid);
+		held_by_maps(&h, pid);
+	}
+	free(p);
+	uint64_t bytes = 0;
+	for (int i = 0; i < h.n; i++)
+		bytes += h.v[i].bytes;
+	free(h.v);
+	s->hidden = h.hidden;
+	return bytes;
+}
+
 struct scratch *scratch_open(const struct config *c) {
 	if (!c->process_mode || c->scratch_bytes == 0)
 		return NULL;
@@ -267,6 +558,10 @@ struct scratch *scratch_open(const struct config *c) {
 	if (s == NULL)
 		die("allocating");
 	s->c = c;
+	struct stat st;
+	if (stat(c->workdir, &st) < 0)
+		die("measuring the work dir");
+	s->dev = st.st_dev;
 	s->ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
 	if (s->ino < 0 || inotify_add_watch(s->ino, c->workdir, SCRATCH_EVENTS) < 0)
 		die("watching the work dir");
@@ -303,17 +598,20 @@ int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap) {
 		s->unreadable = 1;
 	else
 		measure(s, work, 0);
+	s->bytes += nameless_bytes(s);
 	int64_t took = now_ms() - start;
 	s->next_ms = now_ms() + (took > 0 ? took : 1);
 	s->dirty = 0;
 	if (s->unreadable)
 		snprintf(why, whycap, "killed: part of the call's directory could not be measured, so its size could not be bounded");
+	else if (s->hidden)
+		snprintf(why, whycap, "killed: a process of the call hides the files it holds (it made itself not dumpable), so their size could not be bounded");
 	else if (s->too_deep)
 		snprintf(why, whycap, "killed: the call's directory nests dirs more than %d deep", SCRATCH_MAX_DEPTH);
 	else if (s->entries > SCRATCH_MAX_ENTRIES)
 		snprintf(why, whycap, "killed: the call's directory holds more than %d entries", SCRATCH_MAX_ENTRIES);
 	else if (s->bytes > s->c->scratch_bytes)
-		snprintf(why, whycap, "killed: the files in the call's directory (its /tmp) went past its size, %llu MiB",
+		snprintf(why, whycap, "killed: the files in the call's directory (its /tmp), with those it holds without a name, went past its size, %llu MiB",
 			 (unsigned long long)(s->c->scratch_bytes >> 20));
 	else
 		return 0;

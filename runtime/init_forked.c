@@ -93,7 +93,7 @@ static void add_attr(struct nlmsghdr *h, unsigned short type, uint32_t v) {
 
 // loopback brings lo up, as a container runtime does, and shrinks its MTU
 // and largest segment when asked (see the runtime's loopbackMTU).
-static void loopback(int mtu) {
+void loopback(int mtu) {
 	int s = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
 	if (s < 0)
 		die("opening a netlink socket");
@@ -130,7 +130,7 @@ static void loopback(int mtu) {
 
 // keep_caps drops every capability but keep from all five sets: what an
 // init needs once its sandbox is made.
-static void keep_caps(uint64_t keep) {
+void keep_caps(uint64_t keep) {
 	for (int cap = 0; cap <= 63; cap++) {
 		if (keep & (1ULL << cap))
 			continue;
@@ -156,6 +156,16 @@ static void keep_caps(uint64_t keep) {
 		die("dropping capabilities");
 }
 
+// fresh_proc_paths makes the configuration's paths of a fresh /proc
+// read-only, then hides the masked ones, in runc's order: a mask below a
+// read-only path is one mount, not two (its bind would copy the mask).
+void fresh_proc_paths(const struct config *c) {
+	for (int i = 0; i < c->readonly.n; i++)
+		readonly(c->readonly.v[i]);
+	for (int i = 0; i < c->mask.n; i++)
+		mask(c->mask.v[i]);
+}
+
 // setup_forked makes the namespaces the init starts in a fresh sandbox's,
 // then lowers the init to what a container's init is.
 void setup_forked(const struct config *c) {
@@ -175,12 +185,7 @@ void setup_forked(const struct config *c) {
 	}
 	if (staged)
 		die_errno("the work dir, where /proc is staged, is not a fresh mount after it", EINVAL);
-	// In runc's order: a mask below a read-only path is one mount, not
-	// two (its bind would copy the mask).
-	for (int i = 0; i < c->readonly.n; i++)
-		readonly(c->readonly.v[i]);
-	for (int i = 0; i < c->mask.n; i++)
-		mask(c->mask.v[i]);
+	fresh_proc_paths(c);
 	if (c->hostname != NULL && sethostname(c->hostname, strlen(c->hostname)) < 0)
 		die("setting the hostname");
 	loopback(c->loopback_mtu);

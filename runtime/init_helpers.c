@@ -1,5 +1,5 @@
-// Two small programs the executable also is, besides the init: the probe
-// of what the process runtime can apply on this host, and the killer of a
+// Small programs the executable also is, besides the init: the probes of
+// what the process runtime can apply on this host, and the killer of a
 // call's uid. The holder of a call slot's user namespace is in
 // init_userns.c.
 #include "init.h"
@@ -45,6 +45,38 @@ int probe_confinement(void) {
 	long sc = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
 	n += snprintf(line + n, sizeof line - n, " seccomp=%d\n", verdict(sc));
 	return write_all(1, line, (size_t)n) < 0;
+}
+
+// probe_namespaces is the init's making of its namespaces, alone: started
+// as the process runtime starts a call's init (as pid 1 of new
+// namespaces), with a configuration of the same shape on its stdin, it takes every step the init would take
+// (setup_namespaces) and prints "namespaces=0" when its /proc shows it
+// alone. A step that fails ends it as it would end the init, its reason
+// on stderr, which the runtime reports.
+int probe_namespaces(void) {
+	int unmapped = ids_unmapped();
+	char type;
+	unsigned char *p;
+	uint32_t len;
+	if (read_frame_blocking(0, &type, &p, &len) < 0 || type != H_CONFIG)
+		die_errno("reading the probe's configuration", EPROTO);
+	struct config c;
+	config_decode(&c, p, len);
+	if (unmapped)
+		map_own_ids(c.uid, c.gid);
+	setup_namespaces(&c);
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		die("listing the fresh /proc");
+	int others = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL)
+		others += e->d_name[0] >= '0' && e->d_name[0] <= '9' && strcmp(e->d_name, "1") != 0;
+	closedir(d);
+	if (others > 0)
+		die_errno("the fresh /proc shows processes other than the probe", EEXIST);
+	static const char ok[] = "namespaces=0\n";
+	return write_all(1, ok, sizeof ok - 1) < 0;
 }
 
 // alive_of counts the live processes (not zombies) other than this one

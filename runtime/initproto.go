@@ -115,7 +115,10 @@ const (
 	initMarker  = bundle.InitMarker
 	holdMarker  = "__mcp_exec_userns__"
 	probeMarker = "__mcp_exec_probe__"
-	killMarker  = "__mcp_exec_kill__"
+	// probeNamespacesArg follows probeMarker: the probe makes a call's
+	// namespaces (probe_namespaces).
+	probeNamespacesArg = "namespaces"
+	killMarker         = "__mcp_exec_kill__"
 	// templateMarker follows the script on a zygote's command line.
 	templateMarker = "--mcp-exec-template"
 )
@@ -226,12 +229,14 @@ const (
 	cfgSeccomp       = 17 // bytes: a BPF program (struct sock_filter[], host order)
 	cfgScratch       = 18 // number: bound on the bytes under the work dir
 	cfgTemplate      = 19 // number: 1 makes the init a template's (a zygote, forks)
-	cfgMount         = 20 // u64 flags; target, type, source (u16 n, n bytes each); data: each, a forked sandbox's fresh mount
-	cfgMask          = 21 // string, each: a path under /proc a forked sandbox hides
-	cfgReadonly      = 22 // string, each: a path under /proc a forked sandbox makes read-only
-	cfgHostname      = 23 // string: a forked sandbox's hostname
+	cfgMount         = 20 // u64 flags; target, type, source (u16 n, n bytes each); data: each, a fresh mount the init makes
+	cfgMask          = 21 // string, each: a path under /proc the init hides in its fresh one
+	cfgReadonly      = 22 // string, each: a path under /proc the init makes read-only in its fresh one
+	cfgHostname      = 23 // string: the hostname the init sets in its new UTS namespace
 	cfgLoopbackMTU   = 24 // number: a forked sandbox's loopback MTU and segment size (0: the kernel's)
 	cfgKeepCaps      = 25 // number: a forked sandbox's init keeps these capabilities (a mask) after its setup
+	cfgNamespaces    = 26 // number: 1: the process runtime's init starts in namespaces of its own and makes them the call's
+	cfgProcSelf      = 27 // number: 1: of /proc, the code's domain reads only what is the machine's and its own process
 )
 
 // initConfig is the init's whole configuration: sandboxinit.c's struct
@@ -290,8 +295,22 @@ type processConfig struct {
 	// may read, execute (and read), read and write (device nodes), and the
 	// directories it may write in.
 	Read, Exec, Devices, Write []string
-	// ScratchBytes bounds what the code keeps under the work dir.
+	// ScratchBytes bounds what the code keeps under the work dir, named
+	// or not, by measure; 0 when the work dir is a tmpfs of that size.
 	ScratchBytes int64
+	// Namespaces, when not nil, says that the init starts as pid 1 of new
+	// user, pid, mount, network, IPC and UTS namespaces (the runtime made
+	// them as it started it), and what it makes them before anything
+	// else, as a forked sandbox's init does: over the host's files, made
+	// read-only, a fresh /proc and /sys and a tmpfs on the work dir and
+	// one on the script's dir (Mounts); /proc's masks; the hostname; lo
+	// up. Then it keeps no capability (KeepCaps is 0).
+	Namespaces *forkedConfig
+	// ProcSelf narrows the domain's /proc, without a pid namespace of its
+	// own, to what is the machine's (not a process's) and the code's own
+	// process: no other process, the server's and other calls' included,
+	// is visible to it. Read then lists no /proc.
+	ProcSelf bool
 }
 
 // subvertedInits are the bundles whose init plays one the code subverted
@@ -366,12 +385,21 @@ func (c *initConfig) encode() ([]byte, error) {
 			}
 		}
 		num(cfgScratch, uint64(p.ScratchBytes))
+		flag(cfgProcSelf, p.ProcSelf)
 	}
 	if len(c.Seccomp) > 0 {
 		field(cfgSeccomp, c.Seccomp)
 	}
 	flag(cfgTemplate, c.Template)
-	if f := c.Forked; f != nil {
+	fresh := c.Forked
+	if c.Process != nil && c.Process.Namespaces != nil {
+		if fresh != nil {
+			return nil, fmt.Errorf("the init's configuration is both a forked sandbox's and the process runtime's")
+		}
+		fresh = c.Process.Namespaces
+		num(cfgNamespaces, 1)
+	}
+	if f := fresh; f != nil {
 		for _, m := range f.Mounts {
 			v := binary.BigEndian.AppendUint64(nil, m.Flags)
 			for _, s := range []string{m.Target, m.Type, m.Source} {
@@ -431,6 +459,7 @@ var protocol = []protoDef{
 	{"INIT_ARG", initMarker, "makes this executable the sandbox's init"},
 	{"HOLD_ARG", holdMarker, "makes it the holder of a call slot's user namespace"},
 	{"PROBE_ARG", probeMarker, "makes it report what the process runtime can apply here"},
+	{"PROBE_NAMESPACES", probeNamespacesArg, "after PROBE_ARG: the probe makes a call's namespaces, as the init would"},
 	{"KILL_ARG", killMarker, "makes it kill every process of its own uid"},
 	{"TEMPLATE_ARG", templateMarker, "after the script: the interpreter is a template's zygote"},
 	{"OUTPUTS_NAME", policy.OutputsName, "the dir under the work dir whose files come back"},
@@ -502,11 +531,13 @@ var protocol = []protoDef{
 	{"CFG_SCRATCH", cfgScratch, "number: bound on the bytes under the work dir"},
 	{"CFG_TEMPLATE", cfgTemplate, "number: 1 makes the init a template's"},
 	{"CFG_MOUNT", cfgMount, "u64 flags, then target, type, source each a u16 n and n bytes, then data; each: a fresh mount"},
-	{"CFG_MASK", cfgMask, "string, each: a path under /proc a forked sandbox hides"},
-	{"CFG_READONLY", cfgReadonly, "string, each: a path under /proc a forked sandbox makes read-only"},
-	{"CFG_HOSTNAME", cfgHostname, "string: a forked sandbox's hostname"},
+	{"CFG_MASK", cfgMask, "string, each: a path under /proc the init hides in its fresh one"},
+	{"CFG_READONLY", cfgReadonly, "string, each: a path under /proc the init makes read-only in its fresh one"},
+	{"CFG_HOSTNAME", cfgHostname, "string: the hostname the init sets in its new UTS namespace"},
 	{"CFG_LOOPBACK_MTU", cfgLoopbackMTU, "number: a forked sandbox's loopback MTU (0: the kernel's)"},
 	{"CFG_KEEP_CAPS", cfgKeepCaps, "number: the capabilities a forked sandbox's init keeps after its setup"},
+	{"CFG_NAMESPACES", cfgNamespaces, "number: 1: the process runtime's init makes the namespaces it starts in the call's"},
+	{"CFG_PROC_SELF", cfgProcSelf, "number: 1: of /proc the code reads only the machine's entries and its own process"},
 }
 
 // protocolHeader renders protocol as C.

@@ -5,6 +5,7 @@
 #define INIT_ARG             "__mcp_exec_init__"    // makes this executable the sandbox's init
 #define HOLD_ARG             "__mcp_exec_userns__"  // makes it the holder of a call slot's user namespace
 #define PROBE_ARG            "__mcp_exec_probe__"   // makes it report what the process runtime can apply here
+#define PROBE_NAMESPACES     "namespaces"           // after PROBE_ARG: the probe makes a call's namespaces, as the init would
 #define KILL_ARG             "__mcp_exec_kill__"    // makes it kill every process of its own uid
 #define TEMPLATE_ARG         "--mcp-exec-template"  // after the script: the interpreter is a template's zygote
 #define OUTPUTS_NAME         "outputs"              // the dir under the work dir whose files come back
@@ -76,8 +77,10 @@
 #define CFG_SCRATCH          18                     // number: bound on the bytes under the work dir
 #define CFG_TEMPLATE         19                     // number: 1 makes the init a template's
 #define CFG_MOUNT            20                     // u64 flags, then target, type, source each a u16 n and n bytes, then data; each: a fresh mount
-#define CFG_MASK             21                     // string, each: a path under /proc a forked sandbox hides
-#define CFG_READONLY         22                     // string, each: a path under /proc a forked sandbox makes read-only
-#define CFG_HOSTNAME         23                     // string: a forked sandbox's hostname
+#define CFG_MASK             21                     // string, each: a path under /proc the init hides in its fresh one
+#define CFG_READONLY         22                     // string, each: a path under /proc the init makes read-only in its fresh one
+#define CFG_HOSTNAME         23                     // string: the hostname the init sets in its new UTS namespace
 #define CFG_LOOPBACK_MTU     24                     // number: a forked sandbox's loopback MTU (0: the kernel's)
 #define CFG_KEEP_CAPS        25                     // number: the capabilities a forked sandbox's init keeps after its setup
+#define CFG_NAMESPACES       26                     // number: 1: the process runtime's init makes the namespaces it starts in the call's
+#define CFG_PROC_SELF        27                     // number: 1: of /proc the code reads only the machine's entries and its own process

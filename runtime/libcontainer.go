@@ -48,6 +48,10 @@ type Config struct {
 	WorkDir string
 	// Fork makes libcontainer's sandboxes forks of templates (fork.go).
 	Fork ForkConfig
+	// ProcessNamespaces says whether the process runtime puts each call in
+	// namespaces of its own: where the host lets it (auto, the default),
+	// always (it refuses to start without them), or never.
+	ProcessNamespaces Namespaces
 }
 
 func (c *Config) setDefaults() {

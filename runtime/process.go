@@ -27,10 +27,18 @@ import (
 
 // The process runtime runs each call as a fresh process of the server's
 // own machine: the sandbox's init, started directly, with the host's
-// interpreter. There is no container: no namespaces, no cgroups, no
-// read-only root of its own. What an unprivileged process can still do for
-// each call, it does (see ProcessIsolation):
+// interpreter. There is no container: no cgroups, no root filesystem of
+// its own. What an unprivileged process can still do for each call, it
+// does (see ProcessIsolation):
 //
+//   - where the kernel lets an unprivileged process make them (Debian,
+//     Ubuntu and Fedora hosts do; docker's default seccomp profile and
+//     podman's masked /proc do not), the call is in new user, pid, mount,
+//     network, IPC and UTS namespaces, bubblewrap's recipe: the init is their pid 1
+//     and sees to it that its /proc shows only the call's processes, /sys
+//     and the network only lo, the host's files are read-only and its /tmp
+//     is a tmpfs of the /tmp size (process_namespaces.go); under a server
+//     that is not root, its user namespace maps its uid to itself alone;
 //   - the code runs in a Landlock domain of its own: it reads the
 //     interpreter, its libraries and the system's files, writes only its
 //     own dir (its /tmp), executes only the interpreter, makes no TCP
@@ -40,7 +48,11 @@ import (
 //     and message queues refused too: their namespaces are the machine's;
 //   - the init is its subreaper, and the server theirs: every orphan of
 //     the call is killed when it ends, even one whose init died;
-//   - its dir is bounded in total (the /tmp size) and removed after it;
+//   - its dir is bounded in total (the /tmp size), by the tmpfs or,
+//     without namespaces, by a measure of the tree and of the files the
+//     call's processes hold without a name; it is removed after the call;
+//   - without a pid namespace, of /proc the code sees only its own main
+//     process and what is the machine's, not another process's;
 //   - under root, each concurrent call has a uid of its own, claimed
 //     host-wide like libcontainer's call slots;
 //   - the environment allowlist and rlimits on memory, processes, file
@@ -72,6 +84,10 @@ type ProcessRuntime struct {
 // ProcessIsolation is what the process runtime gives each call on this
 // host, as the tool's description and doctor report it.
 type ProcessIsolation struct {
+	// Namespaces: each call is in new pid, mount, network, IPC and UTS
+	// namespaces (and a user namespace, under a server that is not root),
+	// its /tmp a tmpfs of the /tmp size.
+	Namespaces bool `json:"namespaces"`
 	// Landlock is the ABI of the code's Landlock domain; 0 when the host
 	// gives none.
 	Landlock int `json:"landlock_abi"`
@@ -89,8 +105,20 @@ type ProcessIsolation struct {
 // Summary is one sentence of what each call gets.
 func (i ProcessIsolation) Summary() string {
 	var parts []string
+	if i.Namespaces {
+		// A root server makes them without a user namespace (namespacesAttr).
+		kinds := "pid, mount, network, IPC and UTS"
+		if !i.UIDPerCall {
+			kinds = "user, " + kinds
+		}
+		parts = append(parts, kinds+" namespaces of its own (it sees only its own processes, "+
+			"no network interface but lo, and the machine's files read-only; its /tmp is a tmpfs of the /tmp size, removed after it)")
+	}
 	if i.Landlock > 0 {
 		s := "a Landlock domain of its own (it reads the interpreter and system files, writes only its own working directory, its /tmp, and runs only the interpreter"
+		if !i.Namespaces {
+			s += "; of /proc it sees only its own main process and the machine-wide files"
+		}
 		if i.Landlock >= 6 {
 			s += "; it can signal or trace no process outside itself"
 		}
@@ -102,12 +130,18 @@ func (i ProcessIsolation) Summary() string {
 	if i.UIDPerCall {
 		parts = append(parts, "a uid of its own")
 	}
-	parts = append(parts, "its files bounded at the /tmp size and removed after it", "limits on memory, processes, file size and CPU time")
-	if i.Subreaper {
+	if !i.Namespaces {
+		parts = append(parts, "its files, those it holds without a name included, bounded at the /tmp size and removed after it")
+	}
+	parts = append(parts, "limits on memory, processes, file size and CPU time")
+	if i.Subreaper || i.Namespaces {
 		parts = append(parts, "every process of it killed when it ends")
 	}
-	return "each call is a fresh process with " + strings.Join(parts, "; ") +
-		"; no container of its own (no namespaces or cgroups): the container the server runs in is the boundary for the rest"
+	rest := "no container of its own (no namespaces or cgroups): the container the server runs in is the boundary for the rest"
+	if i.Namespaces {
+		rest = "no cgroup of its own: the container the server runs in bounds the memory and processes of all calls together"
+	}
+	return "each call is a fresh process with " + strings.Join(parts, "; ") + "; " + rest
 }
 
 // NewProcess creates the process runtime, keeping its per-call dirs under
@@ -116,10 +150,10 @@ func (i ProcessIsolation) Summary() string {
 // run at all: a root server that may not change uids.
 func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 	cfg.setDefaults()
-	r := &ProcessRuntime{cfg: cfg}
-	if err := r.probe(); err != nil {
-		return nil, err
+	if cfg.ProcessNamespaces == "" {
+		cfg.ProcessNamespaces = NamespacesAuto
 	}
+	r := &ProcessRuntime{cfg: cfg}
 	base := cfg.WorkDir
 	if base == "" {
 		base = os.TempDir()
@@ -128,12 +162,19 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: creating the process runtime's dir under %s: %w", ErrUnsupported, base, err)
 	}
+	defer func() {
+		if retErr != nil {
+			os.RemoveAll(dir)
+		}
+	}()
 	// Others need nothing here but to reach their own call's dir.
 	if err := os.Chmod(dir, 0o711); err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
 	r.dir = dir
+	if err := r.probe(); err != nil {
+		return nil, err
+	}
 	for _, p := range policy.ProcessReadable() {
 		if strings.HasSuffix(p, "*") {
 			matches, _ := filepath.Glob(p)
@@ -175,6 +216,17 @@ func (r *ProcessRuntime) probe() error {
 			r.iso.Seccomp = false
 			r.iso.Missing = append(r.iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
 		}
+	}
+	var refused error
+	if r.cfg.ProcessNamespaces != NamespacesOff {
+		refused = r.probeNamespaces()
+	}
+	if refused != nil && r.cfg.ProcessNamespaces == NamespacesOn {
+		return fmt.Errorf("%w: {ProcessNamespaces} is true, but this host refuses the process runtime namespaces of its own: %w", ErrUnsupported, refused)
+	}
+	r.iso.Namespaces = r.cfg.ProcessNamespaces != NamespacesOff && refused == nil
+	if !r.iso.Namespaces {
+		r.iso.Missing = append(r.iso.Missing, namespacesMissing(refused, r.uids != nil))
 	}
 	return nil
 }
@@ -285,26 +337,29 @@ func (pc *procContainer) create(context.Context) error {
 	if err := os.Chmod(b.Dir, 0o711); err != nil {
 		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	cfg, err := pc.rt.initConfig(b, work, code)
+	// An unprivileged server's calls run as its own ids; under root each
+	// has a uid of its own, which owns its work dir.
+	uid, gid := os.Geteuid(), os.Getegid()
+	if pc.rt.uids != nil {
+		var err error
+		if pc.uid, err = pc.rt.uids.get(); err != nil {
+			return err
+		}
+		_, uid = pc.rt.uids.claims.ids(pc.uid.index)
+		gid = uid
+		pc.rt.reaper.addUID(uid)
+		if err := os.Chown(work, uid, gid); err != nil {
+			return fmt.Errorf("%w: %w", ErrSandbox, err)
+		}
+		if err := os.Chmod(code, 0o755); err != nil {
+			return fmt.Errorf("%w: %w", ErrSandbox, err)
+		}
+	}
+	cfg, err := pc.rt.initConfig(b, work, code, uid, gid)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
 	pc.cfg, pc.work = cfg, work
-	if pc.rt.uids == nil {
-		return nil
-	}
-	if pc.uid, err = pc.rt.uids.get(); err != nil {
-		return err
-	}
-	_, id := pc.rt.uids.claims.ids(pc.uid.index)
-	cfg.UID, cfg.GID = uint32(id), uint32(id)
-	pc.rt.reaper.addUID(id)
-	if err := os.Chown(work, id, id); err != nil {
-		return fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
-	if err := os.Chmod(code, 0o755); err != nil {
-		return fmt.Errorf("%w: %w", ErrSandbox, err)
-	}
 	return nil
 }
 
@@ -312,7 +367,8 @@ func (pc *procContainer) initConfig() (*initConfig, error)              { return
 func (pc *procContainer) stdio() (child, parent [3]*os.File, err error) { return pipes() }
 
 // start starts the init, in a process group of its own so that the whole
-// of it is killed at once, as one of the subreaper's own children.
+// of it is killed at once, as one of the subreaper's own children; where
+// the host lets it, in namespaces of its own, as their pid 1.
 func (pc *procContainer) start(child [3]*os.File) error {
 	cmd := exec.Command("/proc/self/exe", initMarker)
 	cmd.Args[0] = "mcp-exec-init"
@@ -320,6 +376,9 @@ func (pc *procContainer) start(child [3]*os.File) error {
 	cmd.Dir = pc.work
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if pc.rt.iso.Namespaces {
+		cmd.SysProcAttr = namespacesAttr(pc.uid != nil)
+	}
 	if err := pc.rt.reaper.start(cmd); err != nil {
 		return err
 	}
@@ -338,7 +397,9 @@ func (pc *procContainer) started() error { return nil }
 
 // kill SIGKILLs the init's process group; the init, the code's subreaper,
 // kills the code's when it sees the host go, and the server is the
-// subreaper of what is left should the init be gone.
+// subreaper of what is left should the init be gone. In namespaces of its
+// own the init is pid 1 of the call's: everything of the call dies with
+// it.
 func (pc *procContainer) kill() {
 	pc.mu.Lock()
 	cmd := pc.cmd
@@ -378,13 +439,16 @@ func (pc *procContainer) destroy() error {
 // named relative to the work dir, so that no other process sees where the
 // call's dir is on its command line), the limits a cgroup would have
 // enforced as rlimits (memory as data, processes, file size; processes are
-// counted per uid by the kernel), and the code's confinement.
-func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string) (*initConfig, error) {
+// counted per uid by the kernel), the code's confinement, and, where the
+// host lets it, the call's namespaces. The code runs as uid and gid: an
+// unprivileged server's own, or, under root, the call's.
+func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gid int) (*initConfig, error) {
 	in := b.Init
 	in.WorkDir = work
 	in.Script = filepath.Join(code, "main.py")
 	in.Argv = append(slices.Clone(in.Argv[:len(in.Argv)-1]), filepath.Join("..", filepath.Base(code), "main.py"))
 	in.Rlimits = slices.Clone(in.Rlimits)
+	in.UID, in.GID = uint32(uid), uint32(gid)
 	lim := func(typ string, v int64) {
 		in.Rlimits = append(in.Rlimits, specs.POSIXRlimit{Type: typ, Soft: uint64(v), Hard: uint64(v)})
 	}
@@ -412,6 +476,17 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string) (*initC
 	}
 	if r.iso.Landlock > 0 {
 		p.Landlock = r.iso.Landlock
+	}
+	if r.iso.Namespaces {
+		// The tmpfs is the bound; /proc is the call's own.
+		p.ScratchBytes = 0
+		if p.Namespaces, err = r.callNamespaces(b.Spec.Hostname, work, specMount(b.Spec, policy.WorkDir).Options, code,
+			specMount(b.Spec, bundle.CodeDir).Options, int(in.UID), int(in.GID), b.Spec.Linux.MaskedPaths, b.Spec.Linux.ReadonlyPaths); err != nil {
+			return nil, err
+		}
+	} else if p.Landlock > 0 {
+		p.ProcSelf = true
+		p.Read = slices.DeleteFunc(p.Read, func(path string) bool { return path == "/proc" })
 	}
 	for _, kv := range b.Spec.Process.Env {
 		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
@@ -464,17 +539,22 @@ func within(p, dir string) bool {
 	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }
 
+// specMount is the spec's mount at dest, or a zero one.
+func specMount(s *specs.Spec, dest string) specs.Mount {
+	for _, m := range s.Mounts {
+		if m.Destination == dest {
+			return m
+		}
+	}
+	return specs.Mount{}
+}
+
 // tmpfsSize is the size of the spec's /tmp, or 0.
 func tmpfsSize(s *specs.Spec) int64 {
-	for _, m := range s.Mounts {
-		if m.Destination != "/tmp" {
-			continue
-		}
-		for _, o := range m.Options {
-			if v, ok := strings.CutPrefix(o, "size="); ok {
-				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-					return n
-				}
+	for _, o := range specMount(s, "/tmp").Options {
+		if v, ok := strings.CutPrefix(o, "size="); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				return n
 			}
 		}
 	}

@@ -1,8 +1,11 @@
 package runtime
 
 import (
+	"errors"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // What the probe finds becomes what each call gets and what the host
@@ -38,5 +41,74 @@ func TestReadProbe(t *testing.T) {
 				t.Errorf("readProbe(%q) = Landlock %d, seccomp %v, missing %v; want %d, %v, %v", tc.line, iso.Landlock, iso.Seccomp, names, tc.landlock, tc.seccomp, tc.missing)
 			}
 		})
+	}
+}
+
+// What each call gets, as the tool's description and doctor say it,
+// follows what the runtime gives: namespaces or not.
+func TestProcessSummary(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		iso       ProcessIsolation
+		want, not []string
+	}{
+		{"namespaces", ProcessIsolation{Namespaces: true, Landlock: 7, Seccomp: true, Subreaper: true},
+			[]string{"namespaces of its own", "sees only its own processes", "no network interface but lo", "tmpfs of the /tmp size", "no cgroup of its own"},
+			[]string{"no namespaces", "without a name"}},
+		{"without", ProcessIsolation{Landlock: 7, Seccomp: true, Subreaper: true},
+			[]string{"of /proc it sees only its own main process", "those it holds without a name included", "no namespaces or cgroups"},
+			[]string{"namespaces of its own", "tmpfs"}},
+	} {
+		got := tc.iso.Summary()
+		for _, w := range tc.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: Summary() = %q, want it to say %q", tc.name, got, w)
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(got, n) {
+				t.Errorf("%s: Summary() = %q, want it not to say %q", tc.name, got, n)
+			}
+		}
+	}
+}
+
+// Without namespaces, doctor names what is missing, what it costs and the
+// fix: the host's reason when it refused them, the setting when it is off.
+func TestNamespacesMissing(t *testing.T) {
+	refused := namespacesMissing(errors.New("unshare: operation not permitted"), false)
+	off := namespacesMissing(nil, false)
+	root := namespacesMissing(errors.New("clone: operation not permitted"), true)
+	if !strings.Contains(root.Fix, "CAP_SYS_ADMIN") || !strings.Contains(root.Fix, "clone: operation not permitted") {
+		t.Errorf("namespacesMissing(refused, root) = %+v, want CAP_SYS_ADMIN and the host's reason", root)
+	}
+	if refused.What != "namespaces of its own" || !strings.Contains(refused.Fix, "unshare: operation not permitted") ||
+		!strings.Contains(refused.Fix, "systempaths=unconfined") || !strings.Contains(refused.Why, "netlink") {
+		t.Errorf("namespacesMissing(refused) = %+v, want the host's reason, the container fix and the cost", refused)
+	}
+	if !strings.Contains(off.Fix, "{ProcessNamespaces}") || strings.Contains(off.Fix, "seccomp") {
+		t.Errorf("namespacesMissing(nil) = %+v, want the setting named as the fix", off)
+	}
+	for _, s := range []string{"auto", "true", "false"} {
+		if n, err := ParseNamespaces(s); err != nil || string(n) != s {
+			t.Errorf("ParseNamespaces(%q) = %q, %v", s, n, err)
+		}
+	}
+	if _, err := ParseNamespaces("yes"); err == nil {
+		t.Errorf("ParseNamespaces(yes) = nil error, want one")
+	}
+}
+
+// A call's tmpfs has the container's /tmp options, as mount(2) takes them,
+// and is the call's own.
+func TestTmpfsMount(t *testing.T) {
+	got := tmpfsMount("/w", []string{"nosuid", "noexec", "nodev", "mode=1777", "size=8388608"}, "mode=0700,uid=7,gid=8")
+	want := forkedMount{Target: "/w", Type: "tmpfs", Source: "tmpfs", Data: "mode=0700,uid=7,gid=8,size=8388608",
+		Flags: unix.MS_NOSUID | unix.MS_NOEXEC | unix.MS_NODEV}
+	if got != want {
+		t.Errorf("tmpfsMount = %+v, want %+v", got, want)
+	}
+	if got := tmpfsMount("/c", []string{"ro", "mode=755"}, ""); got.Data != "mode=755" || got.Flags != unix.MS_RDONLY {
+		t.Errorf("tmpfsMount without an owner = %+v, want the spec's mode and ro", got)
 	}
 }

@@ -60,6 +60,7 @@ struct init {
 	pid_t child;
 	int group_gone; // the code's process group has no member left
 	pid_t parent;   // who started us: the host is gone when it changes
+	int unmapped;   // in a user namespace whose ids the init maps itself
 	int status;
 	uint32_t exit_flags;
 	struct stream out, err;
@@ -100,13 +101,14 @@ struct source {
 };
 
 // kill_code kills every process of the code. As pid 1 of the sandbox's
-// pid namespace, that is every process but this one. In the process
-// runtime it is the code's process group and, as this process is their
+// pid namespace (a container's, or the process runtime's own), that is
+// every process but this one. In the process runtime without namespaces
+// it is the code's process group and, as this process is their
 // subreaper, every orphan that left the group and came back to it. The
 // group is killed only while it has members: once it has none, its id may
 // be any process's again.
 static void kill_code(struct init *in) {
-	if (!in->c.process_mode) {
+	if (!in->c.process_mode || in->c.namespaces) {
 		kill(-1, SIGKILL);
 		return;
 	}
@@ -131,11 +133,17 @@ static void host_gone(struct init *in) {
 // of the code's uid could read or write its memory.
 // A forked sandbox's init stays dumpable until its code's process has
 // joined its namespaces (setns through a pidfd asks that), which is
-// before any code exists (on_forked_ready).
+// before any code exists (on_forked_ready); a process runtime's init in a
+// user namespace it maps itself, until it has written its own uid_map
+// (configure), which is before it reads anything but its configuration.
+// (The process runtime starts an init in a new pid namespace without a
+// parent-death signal: its parent is outside, so the check that the
+// parent is still there would fail. It is set here, first.)
 static void guard(struct init *in) {
 	in->parent = getppid();
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-	prctl(PR_SET_DUMPABLE, in->forked ? 1 : 0, 0, 0, 0);
+	in->unmapped = ids_unmapped();
+	prctl(PR_SET_DUMPABLE, in->forked || in->unmapped ? 1 : 0, 0, 0, 0);
 }
 
 // configure reads the host's H_CONFIG frame, which comes before anything.
@@ -149,6 +157,12 @@ static void configure(struct init *in) {
 		die_errno("the first frame is not the configuration", EPROTO);
 	config_decode(&in->c, p, len);
 	free(p);
+	if (in->unmapped) {
+		if (!in->c.process_mode || !in->c.namespaces)
+			die_errno("the init started in a user namespace with no ids mapped, and not as a process runtime's in namespaces", EINVAL);
+		map_own_ids(in->c.uid, in->c.gid);
+		prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	}
 	if (in->c.no_parent_death) {
 		prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
 	} else if (in->c.process_mode) {
@@ -754,7 +768,7 @@ static void on_ctl(struct init *in, short revents) {
 // (periodic 0), or at the poll's timeout (periodic 1).
 static void measure_scratch(struct init *in, int periodic) {
 	char why[256];
-	if (in->phase == EXITED || !scratch_over(in->scratch, periodic, why, sizeof why))
+	if (in->phase == EXITED || (in->exit_flags & EXIT_SCRATCH) || !scratch_over(in->scratch, periodic, why, sizeof why))
 		return;
 	in->exit_flags |= EXIT_SCRATCH;
 	report(I_NOTE, why, 0);
@@ -876,6 +890,8 @@ static int sandbox_init(void) {
 	catch_signals(&in);
 	if (in.c.template_mode)
 		template_serve(&in.c, in.sfd);
+	if (in.c.namespaces)
+		setup_namespaces(&in.c);
 	prepare_script(&in);
 	start_code(&in);
 	serve(&in);
@@ -908,7 +924,7 @@ __attribute__((constructor)) static void mcp_exec_reexec(int argc, char **argv, 
 	if (strcmp(argv[1], HOLD_ARG) == 0)
 		_exit(userns_hold());
 	if (strcmp(argv[1], PROBE_ARG) == 0)
-		_exit(probe_confinement());
+		_exit(argc > 2 && argv[2] != NULL && strcmp(argv[2], PROBE_NAMESPACES) == 0 ? probe_namespaces() : probe_confinement());
 	if (strcmp(argv[1], KILL_ARG) == 0)
 		_exit(kill_own_uid());
 }

@@ -31,15 +31,18 @@ type config struct {
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
 	policy.CallCaps
-	Runtime     runtime.Kind
-	Rootfs      string // empty: build from Python into the cache
-	Python      string // empty: /usr/bin/python3, else python3 on PATH
-	RootfsImage string
-	Packages    []string
-	Shell       bool
-	Preload     []string
-	PackagesDir string
-	PoolSize    int // -1: adaptive
+	Runtime runtime.Kind
+	// ProcessNamespaces: whether the process runtime puts each call in
+	// namespaces of its own.
+	ProcessNamespaces runtime.Namespaces
+	Rootfs            string // empty: build from Python into the cache
+	Python            string // empty: /usr/bin/python3, else python3 on PATH
+	RootfsImage       string
+	Packages          []string
+	Shell             bool
+	Preload           []string
+	PackagesDir       string
+	PoolSize          int // -1: adaptive
 	// Fork makes libcontainer's sandboxes forks of templates, each of
 	// which serves ForkMaxCalls calls for ForkMaxAge at most.
 	Fork           bool
@@ -77,6 +80,7 @@ func defaultConfig() config {
 		MaxTimeout:         300 * time.Second,
 		CallCaps:           policy.DefaultCallCaps(),
 		Runtime:            runtime.Libcontainer,
+		ProcessNamespaces:  runtime.NamespacesAuto,
 		Limits:             policy.DefaultLimits(),
 		MaxConcurrency:     2 * goruntime.NumCPU(),
 		MaxQueued:          4 * 2 * goruntime.NumCPU(),
@@ -112,6 +116,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_MAX_FILES", "max-files", "most files a call may send, and return from " + policy.OutputsDir, integer(&c.MaxFiles, 0)},
 		{"MCP_EXEC_MAX_FILE_BYTES", "max-file-bytes", "most bytes of files a call may send, and return", byteCount(&c.MaxFileBytes, 1, 0)},
 		{"MCP_EXEC_RUNTIME", "runtime", "libcontainer, runsc, process (a fresh process per call; the outer container is the boundary) or auto (the strictest this host allows)", &value[runtime.Kind]{p: &c.Runtime, parse: runtime.ParseKind}},
+		{"MCP_EXEC_PROCESS_NAMESPACES", "process-namespaces", "process runtime: each call in user, pid, mount, network, IPC and UTS namespaces of its own where the host allows them (auto), always (true: refuse to start without), or never (false)", &value[runtime.Namespaces]{p: &c.ProcessNamespaces, parse: runtime.ParseNamespaces}},
 		{"MCP_EXEC_ROOTFS", "rootfs", "the read-only Python rootfs to use (default: built from the host's python3 into a cache dir)", str(&c.Rootfs)},
 		{"MCP_EXEC_PYTHON", "python", "the host interpreter the default rootfs is built from", str(&c.Python)},
 		{"MCP_EXEC_ROOTFS_IMAGE", "rootfs-image", "a docker save tarball or OCI image-layout dir (PATH or PATH:TAG) whose filesystem becomes the rootfs", str(&c.RootfsImage)},

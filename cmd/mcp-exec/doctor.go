@@ -278,14 +278,18 @@ func printReport(w io.Writer, r report) {
 	case r.Egress != nil && r.Egress.Error != "":
 		fmt.Fprintf(w, "verdict: NOT OK — the server would refuse to start: %s\n", r.Egress.Error)
 	case r.Runtime.Mode == modeProcess:
+		each := "each call is a fresh process with no container of its own"
 		if p := r.Runtime.Process; p != nil {
 			fmt.Fprintf(w, "process isolation: %s\n", p.Summary())
 			for _, m := range p.Missing {
 				fmt.Fprintf(w, "  missing: %s\n", m)
 			}
+			if p.Namespaces {
+				each = "each call is a fresh process in namespaces of its own, with no container (no cgroup or root filesystem) of its own"
+			}
 		}
-		fmt.Fprintf(w, "verdict: mode %q (%s): the server starts, and each call is a fresh process with no container of its own; "+
-			"the container mcp-exec runs in is the boundary for what the process runtime does not confine", r.Runtime.Mode, sel)
+		fmt.Fprintf(w, "verdict: mode %q (%s): the server starts, and %s; "+
+			"the container mcp-exec runs in is the boundary for what the process runtime does not confine", r.Runtime.Mode, sel, each)
 		if !r.OK {
 			fmt.Fprintf(w, ". No runtime gives the full sandbox here: fix what is listed above for one")
 		}
@@ -307,7 +311,10 @@ func sandboxesMade(rt runtime.Runtime, cfg config) string {
 	lc, ok := rt.(*runtime.LibcontainerRuntime)
 	switch {
 	case rt.Kind() == runtime.Process:
-		return "a fresh confined process per call"
+		if p, ok := rt.(*runtime.ProcessRuntime); ok && p.Isolation().Namespaces {
+			return "a fresh confined process per call, in user, pid, mount, network, IPC and UTS namespaces of its own"
+		}
+		return "a fresh confined process per call, without namespaces of its own (MCP_EXEC_PROCESS_NAMESPACES=false, or this host refuses them: see the missing list)"
 	case !ok:
 		return "a fresh container per call"
 	case !cfg.Fork:

@@ -81,7 +81,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		iso := p.Isolation()
 		s.note = expandFields(processNote(cfg.Runtime, why, iso))
 		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
-			"runtime", rt.Kind(), "why", why, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
+			"runtime", rt.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
 		return s, s.startProcess(ctx, cfg)
 	}
 	start := time.Now()
@@ -148,6 +148,8 @@ func newRuntime(cfg config, log *slog.Logger) (runtime.Runtime, string, error) {
 		RunscPath:     cfg.RunscPath,
 		RunscPlatform: cfg.RunscPlatform,
 		Fork:          runtime.ForkConfig{Enabled: cfg.Fork, MaxCalls: cfg.ForkMaxCalls, MaxAge: cfg.ForkMaxAge},
+
+		ProcessNamespaces: cfg.ProcessNamespaces,
 	}
 	if cfg.Shell {
 		// The process runtime runs the host's own tools where a container

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -368,7 +369,8 @@ func expectFullSandbox(t *testing.T, caps []string, runWith func(*testing.T, []s
 
 // Under the 0.5.4 drop-in's privileges doctor says auto would run the
 // process runtime, what each call gets from it here, and what this host
-// lacks of it.
+// lacks of it: with namespaces of its own where this host allows them,
+// and without them when they are turned off, naming the setting.
 func TestDoctorProcessIsolation(t *testing.T) {
 	testenv.Root(t)
 	wrappers := nonrootWrappers(t)
@@ -378,33 +380,63 @@ func TestDoctorProcessIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.Chmod(tmp, 0o1777)
-	args := append(append([]string{}, wrappers[0].argv...), bin, "doctor", "--json")
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + filepath.Join(dir, "home"), "TMPDIR=" + tmp, "MCP_EXEC_RUNTIME=auto"}
-	out, _ := cmd.Output()
-	var r report
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatalf("doctor --json: %v\n%s", err, out)
-	}
-	p := r.Runtime.Process
-	if r.Runtime.Mode != modeProcess || p == nil {
-		t.Fatalf("doctor under the drop-in's privileges: mode %q, process %+v; want %q with its isolation", r.Runtime.Mode, p, modeProcess)
-	}
 	// What this kernel has (the container engine's profile aside, which
 	// setpriv has none of).
 	abi, _, _ := syscall.Syscall(444, 0, 0, 1) // landlock_create_ruleset(NULL, 0, VERSION)
-	wantMissing := []string{"a uid per call"}
+	var lacks []string
 	if int(abi) <= 0 {
-		abi, wantMissing = 0, append([]string{"Landlock"}, wantMissing...)
+		abi, lacks = 0, []string{"Landlock"}
 	}
-	if p.Landlock != int(abi) || !p.Seccomp || !p.Subreaper || p.UIDPerCall {
-		t.Errorf("doctor: process isolation %+v, want Landlock ABI %d, seccomp and the subreaper, no uid per call (unprivileged)", *p, abi)
-	}
-	var names []string
-	for _, m := range p.Missing {
-		names = append(names, m.What)
-	}
-	if strings.Join(names, ",") != strings.Join(wantMissing, ",") {
-		t.Errorf("doctor: missing %v, want %v", names, wantMissing)
+	userns := host.Probe().UserNamespaces
+	for _, tc := range []struct {
+		setting string
+		ns      bool
+	}{{"auto", userns}, {"false", false}} {
+		t.Run("namespaces="+tc.setting, func(t *testing.T) {
+			args := append(append([]string{}, wrappers[0].argv...), bin, "doctor")
+			env := []string{"PATH=/usr/bin:/bin", "HOME=" + filepath.Join(dir, "home"), "TMPDIR=" + tmp, "MCP_EXEC_RUNTIME=auto",
+				"MCP_EXEC_PROCESS_NAMESPACES=" + tc.setting}
+			cmd := exec.Command(args[0], append(args[1:], "--json")...)
+			cmd.Env = env
+			out, _ := cmd.Output()
+			var r report
+			if err := json.Unmarshal(out, &r); err != nil {
+				t.Fatalf("doctor --json: %v\n%s", err, out)
+			}
+			p := r.Runtime.Process
+			if r.Runtime.Mode != modeProcess || p == nil {
+				t.Fatalf("doctor under the drop-in's privileges: mode %q, process %+v; want %q with its isolation", r.Runtime.Mode, p, modeProcess)
+			}
+			if p.Landlock != int(abi) || !p.Seccomp || !p.Subreaper || p.UIDPerCall || p.Namespaces != tc.ns {
+				t.Errorf("doctor: process isolation %+v, want Landlock ABI %d, seccomp and the subreaper, no uid per call (unprivileged), namespaces %v",
+					*p, abi, tc.ns)
+			}
+			wantMissing := append(slices.Clone(lacks), "a uid per call")
+			if !tc.ns {
+				wantMissing = append(wantMissing, "namespaces of its own")
+			}
+			var names []string
+			for _, m := range p.Missing {
+				names = append(names, m.What)
+				if m.What == "namespaces of its own" && tc.setting == "false" && !strings.Contains(m.Fix, "MCP_EXEC_PROCESS_NAMESPACES") {
+					t.Errorf("doctor: the fix for namespaces turned off is %q, want the variable named", m.Fix)
+				}
+			}
+			if strings.Join(names, ",") != strings.Join(wantMissing, ",") {
+				t.Errorf("doctor: missing %v, want %v", names, wantMissing)
+			}
+			// And in words, as an operator reads it.
+			cmd = exec.Command(args[0], args[1:]...)
+			cmd.Env = env
+			text, _ := cmd.Output()
+			says := "sandboxes: a fresh confined process per call, in user, pid, mount, network, IPC and UTS namespaces of its own"
+			if !tc.ns {
+				says = "missing: namespaces of its own"
+			}
+			if !strings.Contains(string(text), says) {
+				t.Errorf("doctor does not say %q:\n%s", says, text)
+			}
+			t.Logf("doctor (MCP_EXEC_PROCESS_NAMESPACES=%s):\n%s", tc.setting, text)
+		})
 	}
 }

@@ -207,11 +207,19 @@ func TestSeedDropInIsolates(t *testing.T) {
 		t.Fatalf("tools/list: %v", err)
 	}
 	t.Logf("the tool's description under the 0.5.4 flags: %s", tools.Tools[0].Description)
+	// podman's default seccomp profile refuses an unprivileged user
+	// namespace: the confinement without namespaces runs, and says so.
+	if d := tools.Tools[0].Description; !strings.Contains(d, "This host lacks:") || !strings.Contains(d, "namespaces of its own") {
+		t.Errorf("the tool's description does not say the calls lack namespaces of their own: %s", d)
+	}
 
-	out := call(map[string]any{"code": `import os
-def ppid(pid):
-    return int(open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[1])
-init = os.getppid(); server = ppid(init)
+	// The server is the container's pid 1 (podman runs no init of its
+	// own here); the code, which sees no other process's /proc, is told.
+	if b, err := exec.Command("podman", "exec", name, "cat", "/proc/1/cmdline").Output(); err != nil || !bytes.Contains(b, []byte("mcp-exec")) {
+		t.Fatalf("the container's pid 1 is not the server: %q (%v)", b, err)
+	}
+	out := call(map[string]any{"stdin": "1", "code": `import os, sys
+init = os.getppid(); server = int(sys.stdin.read())
 def try_(name, f):
     try:
         f(); print(name, "SUCCEEDED")
@@ -219,6 +227,7 @@ def try_(name, f):
         print(name, "refused", e.errno)
 try_("environ", lambda: open("/proc/%d/environ" % server, "rb").read())
 try_("mem", lambda: open("/proc/%d/mem" % server, "r+b"))
+try_("cmdline", lambda: open("/proc/%d/cmdline" % server, "rb").read())
 try_("signal-server", lambda: os.kill(server, 0))
 try_("signal-init", lambda: os.kill(init, 0))
 try_("machine-tmp", lambda: open("/tmp/mcp-exec-planted", "w").write("x"))
@@ -243,16 +252,15 @@ print("done")`, marker), "timeout_s": 20})
 	if out.TimedOut || !strings.Contains(out.Stdout, "done") {
 		t.Errorf("the call with a detached grandchild: timed out %v, stdout %q", out.TimedOut, out.Stdout)
 	}
-	out = call(map[string]any{"code": fmt.Sprintf(`import os, time
-marker = %q
-for _ in range(100):
-    left = [p for p in os.listdir("/proc") if p.isdigit() and marker.encode() in open("/proc/%%s/cmdline" %% p, "rb").read()]
-    if not left:
-        break
-    time.sleep(0.05)
-print("left", len(left))`, marker)})
-	if !strings.Contains(out.Stdout, "left 0") {
-		t.Errorf("a process of an earlier call outlived it: %q", out.Stdout)
+	// Looked for from outside: no call sees another's processes.
+	left := "?"
+	for deadline := time.Now().Add(5 * time.Second); left != "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		b, _ := exec.Command("podman", "exec", "--user", "65532", name, "sh", "-c",
+			"grep -l "+strings.Replace(marker, "orphan", "orpha[n]", 1)+" /proc/[0-9]*/cmdline 2>/dev/null").Output()
+		left = strings.TrimSpace(string(b))
+	}
+	if left != "" {
+		t.Errorf("a process of an earlier call outlived it: %s", left)
 	}
 
 	victim := make(chan output, 1)
@@ -290,14 +298,157 @@ for name, f in [("read", lambda: open(d + "/secret.txt").read()), ("list", lambd
 	}
 
 	out = call(map[string]any{"code": `chunk = b"x" * (1 << 20)
-for i in range(3):
+for i in range(8):
     with open("f%d" % i, "wb") as f:
         for _ in range(6):
             f.write(chunk); f.flush()
-print("wrote 18 MiB")`, "timeout_s": 30})
-	if strings.Contains(out.Stdout, "wrote 18 MiB") || out.ExitCode != 137 {
-		t.Errorf("18 MiB under an 8 MiB /tmp: exit %d, stdout %q, stderr %q; want the call killed at the bound", out.ExitCode, out.Stdout, out.Stderr)
+print("wrote 48 MiB")`, "timeout_s": 30})
+	if strings.Contains(out.Stdout, "wrote 48 MiB") || out.ExitCode != 137 {
+		t.Errorf("48 MiB under an 8 MiB /tmp: exit %d, stdout %q, stderr %q; want the call killed at the bound", out.ExitCode, out.Stdout, out.Stderr)
 	}
+
+	// Files without a name: unlinked while open, and O_TMPFILE.
+	out = call(map[string]any{"code": `import os
+held = []
+for i in range(12):
+    if i % 2:
+        fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o600)
+    else:
+        fd = os.open("n%d" % i, os.O_CREAT | os.O_WRONLY, 0o600)
+        os.unlink("n%d" % i)
+    for _ in range(4):
+        os.write(fd, b"x" * (1 << 20))
+    held.append(fd)
+print("kept 48 MiB without a name")`, "timeout_s": 30})
+	if strings.Contains(out.Stdout, "kept") || out.ExitCode != 137 || !strings.Contains(out.Stderr, "without a name, went past its size") {
+		t.Errorf("48 MiB without a name under an 8 MiB /tmp: exit %d, stdout %q, stderr %q; want the call killed at the bound, saying why", out.ExitCode, out.Stdout, out.Stderr)
+	}
+
+	// Another call's subprocess's command line, its pid in hand (the
+	// test finds it with podman exec, by a pattern that does not match
+	// grep's own command line), and every pid in /proc.
+	argvMarker := "mcp-exec-seed-argv-" + uuid.NewString()[:8]
+	other := make(chan output, 1)
+	go func() {
+		other <- call(map[string]any{"code": fmt.Sprintf(`import subprocess, sys, time
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", %q])
+time.sleep(8)
+p.kill()`, argvMarker), "timeout_s": 30})
+	}()
+	var pid string
+	for deadline := time.Now().Add(30 * time.Second); pid == "" && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		b, _ := exec.Command("podman", "exec", "--user", "65532", name, "sh", "-c", "grep -l "+strings.Replace(argvMarker, "argv", "arg[v]", 1)+" /proc/[0-9]*/cmdline 2>/dev/null").Output()
+		if f := strings.Fields(string(b)); len(f) == 1 {
+			pid = strings.Split(f[0], "/")[2]
+		}
+	}
+	if pid == "" {
+		t.Fatal("the other call's subprocess did not appear")
+	}
+	out = call(map[string]any{"stdin": pid, "code": fmt.Sprintf(`import os, sys
+pid = sys.stdin.read().strip()
+try:
+    print("cmdline SUCCEEDED", open("/proc/%%s/cmdline" %% pid, "rb").read())
+except OSError as e:
+    print("cmdline refused", e.errno)
+try:
+    seen = [p for p in os.listdir("/proc") if p.isdigit() and %q.encode() in open("/proc/%%s/cmdline" %% p, "rb").read()]
+    print("listed", len(seen), "with the marker")
+except OSError as e:
+    print("list refused", e.errno)`, argvMarker)})
+	if !strings.Contains(out.Stdout, "cmdline refused") || !strings.Contains(out.Stdout, "list refused") {
+		t.Errorf("a call read another's command line or listed /proc:\n%s%s", out.Stdout, out.Stderr)
+	}
+	<-other
+}
+
+// TestSeedUnmaskedNamespaces: the 0.5.4 entry's flags and one more,
+// --security-opt systempaths=unconfined, which lifts the masks of /proc
+// that refuse a fresh one: podman's seccomp profile lets the server make
+// a user namespace, so each call gets namespaces of its own (the
+// hostname stays the container's: the profile refuses sethostname).
+func TestSeedUnmaskedNamespaces(t *testing.T) {
+	args := append(append([]string{}, seed054...), "--read-only-tmpfs=false", "--security-opt", "systempaths=unconfined",
+		"-e", "MCP_EXEC_TMPFS_MB=8", "-e", "MCP_EXEC_MAX_FILE_BYTES=1048576")
+	cs := startStdio(t, args)
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil || len(tools.Tools) != 1 {
+		t.Fatalf("tools/list: %v", err)
+	}
+	if d := tools.Tools[0].Description; !strings.Contains(d, "namespaces of its own (it sees only its own processes") || strings.Contains(d, "lacks: namespaces") {
+		t.Errorf("the tool's description does not say each call has namespaces of its own: %s", d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": `import os, socket
+procs = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+print("only its own processes", procs == [1, os.getpid()], procs)
+print("ifaces", ",".join(n for _, n in socket.if_nameindex()))
+held = []
+try:
+    for _ in range(12):   # each within the file size limit, the /tmp size
+        held.append(os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o600))
+        for _ in range(4):
+            os.write(held[-1], b"x" * (1 << 20))
+    print("kept 48 MiB without a name")
+except OSError as e:
+    print("refused", e.errno)`}})
+	if err != nil || res.IsError {
+		t.Fatalf("exec: %v %v", err, res)
+	}
+	raw, _ := json.Marshal(res.StructuredContent)
+	var out output
+	json.Unmarshal(raw, &out)
+	t.Logf("a call under the 0.5.4 flags with systempaths=unconfined: %q", out.Stdout)
+	for _, l := range []string{"only its own processes True", "ifaces lo\n", "refused 28\n"} {
+		if !strings.Contains(out.Stdout, l) {
+			t.Errorf("the call printed %q, want %q", out.Stdout, l)
+		}
+	}
+}
+
+// TestSeedDoctor is doctor under the 0.5.4 entry's exact flags: auto runs
+// the process runtime, without namespaces of its own (podman's seccomp
+// profile refuses an unprivileged user namespace), and says what that
+// costs and how to get them.
+func TestSeedDoctor(t *testing.T) {
+	base := append(append([]string{}, seed054...), "--read-only-tmpfs=false")
+	run := func(extra ...string) []byte {
+		argv := engineArgs(t, containerName(), append(append(base, image(t)), append([]string{"doctor"}, extra...)...))
+		out, err := exec.Command("podman", argv...).Output()
+		if err != nil && len(out) == 0 {
+			t.Fatalf("podman %s: %v", strings.Join(argv, " "), err)
+		}
+		return out
+	}
+	var r struct {
+		Runtime struct {
+			Mode    string `json:"mode"`
+			Process *struct {
+				Namespaces bool `json:"namespaces"`
+				Missing    []struct {
+					What string `json:"what"`
+					Fix  string `json:"fix"`
+				} `json:"missing"`
+			} `json:"process"`
+		} `json:"runtime"`
+	}
+	out := run("--json")
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("doctor --json: %v\n%s", err, out)
+	}
+	p := r.Runtime.Process
+	if r.Runtime.Mode != "process" || p == nil || p.Namespaces {
+		t.Fatalf("doctor under the 0.5.4 flags: mode %q, process %+v; want process without namespaces", r.Runtime.Mode, p)
+	}
+	found := false
+	for _, m := range p.Missing {
+		found = found || (m.What == "namespaces of its own" && strings.Contains(m.Fix, "seccomp=unconfined"))
+	}
+	if !found {
+		t.Errorf("doctor does not name the missing namespaces and their fix: %+v", p.Missing)
+	}
+	t.Logf("doctor under the 0.5.4 flags:\n%s", run())
 }
 
 // TestImageConfig checks what the Dockerfile promises operators: not root
