@@ -533,3 +533,52 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// A call over HTTP whose request carries a W3C traceparent is a span of
+// that trace.
+func TestCallSpanContinuesTheClientsTrace(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	opts := testOptions()
+	opts.Transport, opts.AuthToken = HTTP, "0123456789abcdef-token"
+	opts.Tracer = tp.Tracer("test")
+	s, err := New(newFakeEngine(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.ServeHTTP(ctx, ln) }()
+	defer func() { stop(); <-served }()
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	hc := &http.Client{Transport: headerTransport{"Bearer " + opts.AuthToken, "00-" + traceID + "-00f067aa0ba902b7-01"}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(),
+		&mcp.StreamableClientTransport{Endpoint: "http://" + ln.Addr().String() + "/mcp", HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	call(t, cs, map[string]any{"code": "print:1"})
+	for _, sp := range rec.Ended() {
+		if sp.Name() == "exec" {
+			if got := sp.SpanContext().TraceID().String(); got != traceID || sp.Parent().SpanID().String() != "00f067aa0ba902b7" {
+				t.Errorf("exec span: trace %s parent %s, want the client's trace %s under its span", got, sp.Parent().SpanID(), traceID)
+			}
+			return
+		}
+	}
+	t.Error("no exec span")
+}
+
+type headerTransport struct{ auth, traceparent string }
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", h.auth)
+	r.Header.Set("Traceparent", h.traceparent)
+	return http.DefaultTransport.RoundTrip(r)
+}

@@ -13,8 +13,9 @@
 //   - a call whose client is gone (cancellation, closed stdio, vanished HTTP
 //     connection, deleted session, server shutdown) has its sandbox killed at
 //     once;
-//   - nothing of the code, stdin or output reaches the logs or the audit
-//     log: metadata only.
+//   - nothing of the code, stdin or output reaches the logs, the audit
+//     log, a metric or a span: metadata only, and no session handle (its
+//     digest instead); metric labels are a fixed vocabulary.
 package server
 
 import (
