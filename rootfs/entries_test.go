@@ -210,6 +210,10 @@ func TestPruneKeepsWhatAnotherProcessHolds(t *testing.T) {
 		t.Errorf("the held entry lost its files: %v", err)
 	}
 	kill()
+	testenv.Eventually(t, "the holder's lock to go with it", func() bool {
+		list, _ := List(cache)
+		return len(list) == 1 && !list[0].InUse()
+	})
 	removed, err = Prune(context.Background(), cache, PruneOptions{})
 	if err != nil || !slices.Equal(entryNamesOf(removed), []string{"aaaaaaaaaaaaaaaa.1"}) {
 		t.Errorf("Prune once its holder is gone = %q, %v; want it removed", entryNamesOf(removed), err)
