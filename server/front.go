@@ -69,7 +69,11 @@ func NewFront(o FrontOptions) *Front {
 // the token, the health endpoints, and /metrics behind the token unless
 // it is served apart. It returns at once.
 func (f *Front) Serve(ln net.Listener) {
-	mux := f.opsMux(!f.opts.MetricsApart)
+	var metrics http.Handler
+	if !f.opts.MetricsApart {
+		metrics = f.metricsHandler(true)
+	}
+	mux := f.opsMux(metrics)
 	path := "/mcp"
 	if f.opts.Transport == SSE {
 		path = "/sse"
@@ -81,12 +85,26 @@ func (f *Front) Serve(ln net.Listener) {
 // ServeOps starts serving the operations listener: health, readiness,
 // version and metrics, without the token. It returns at once.
 func (f *Front) ServeOps(ln net.Listener) {
-	f.start(ln, f.opsMux(false))
+	f.start(ln, f.opsMux(f.metricsHandler(false)))
 }
 
-// opsMux routes the operations endpoints; guarded puts /metrics behind
-// the token.
-func (f *Front) opsMux(guarded bool) *http.ServeMux {
+// metricsHandler serves the metrics, behind the token when guarded; nil
+// when there are none.
+func (f *Front) metricsHandler(guarded bool) http.Handler {
+	if f.opts.Metrics == nil {
+		return nil
+	}
+	var h http.Handler = promhttp.HandlerFor(f.opts.Metrics, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(f.log.Handler(), slog.LevelWarn), ErrorHandling: promhttp.ContinueOnError})
+	if guarded {
+		h = requireToken(f.opts.AuthToken, h, f.log)
+	}
+	return h
+}
+
+// opsMux routes the operations endpoints, and metrics at /metrics when
+// not nil.
+func (f *Front) opsMux(metrics http.Handler) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -97,13 +115,8 @@ func (f *Front) opsMux(guarded bool) *http.ServeMux {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(map[string]string{"version": f.opts.Version, "go": goruntime.Version()})
 	})
-	if f.opts.Metrics != nil && (guarded || f.opts.MetricsApart) {
-		var h http.Handler = promhttp.HandlerFor(f.opts.Metrics, promhttp.HandlerOpts{
-			ErrorLog: slog.NewLogLogger(f.log.Handler(), slog.LevelWarn), ErrorHandling: promhttp.ContinueOnError})
-		if guarded {
-			h = requireToken(f.opts.AuthToken, h, f.log)
-		}
-		mux.Handle("GET /metrics", h)
+	if metrics != nil {
+		mux.Handle("GET /metrics", metrics)
 	}
 	return mux
 }

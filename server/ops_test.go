@@ -582,3 +582,31 @@ func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Traceparent", h.traceparent)
 	return http.DefaultTransport.RoundTrip(r)
 }
+
+// With metrics served apart, the HTTP port has no /metrics at all, with
+// or without the token; the operations listener serves them without it.
+func TestMetricsApartLeaveTheHTTPPort(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "probe_total", Help: "a probe"}))
+	const token = "0123456789abcdef-token"
+	f := NewFront(FrontOptions{Transport: HTTP, AuthToken: token, Metrics: reg, MetricsApart: true})
+	main, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ServeOps(ops)
+	f.Serve(main)
+	defer f.Close(time.Second)
+	for _, tok := range []string{"", token} {
+		if r := get(t, "http://"+main.Addr().String()+"/metrics", tok); r.code != http.StatusNotFound {
+			t.Errorf("GET /metrics on the HTTP port (token %q) with metrics apart = %d %.100q, want 404", tok, r.code, r.body)
+		}
+	}
+	if r := get(t, "http://"+ops.Addr().String()+"/metrics", ""); r.code != 200 || !strings.Contains(r.body, "probe_total") {
+		t.Errorf("GET /metrics on the operations listener = %d %.100q", r.code, r.body)
+	}
+}
