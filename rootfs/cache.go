@@ -22,7 +22,9 @@ import (
 //
 //	.lock           the flock every build and every removal holds
 //	<name>/         an entry: a complete rootfs, never modified once there
-//	<name><suffix>  its hold file, shared-locked by every process using it
+//	<name><suffix>  its hold file, shared-locked by every process using it;
+//	                its mtime is when a process last took or let go of it
+//	<name>.about    what it holds, for `mcp-exec rootfs ls` (entries.go)
 //	.building-*     what a killed build left
 //	.removing-*     what a killed removal left
 //
@@ -131,7 +133,7 @@ func (c cache) tidy() error {
 			return fmt.Errorf("removing the leftovers of a killed build: %w", err)
 		}
 	}
-	return nil
+	return tidyAbouts(c.dir, entries)
 }
 
 func isLeftover(name string) bool {
@@ -173,17 +175,24 @@ func (c cache) open(name string) (holdFile, error) {
 // remove removes entry name unless a process holds it, or it has no hold
 // file (see above). The caller holds the lock.
 func (c cache) remove(name string) error {
+	_, err := c.removeUnused(name)
+	return err
+}
+
+// removeUnused is remove, saying whether the entry was removed: false
+// when a process holds it or it has no hold file.
+func (c cache) removeUnused(name string) (bool, error) {
 	dir := filepath.Join(c.dir, name)
 	f, err := os.Open(dir + c.suffix)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return fmt.Errorf("removing %s: %w", dir, err)
+		return false, fmt.Errorf("removing %s: %w", dir, err)
 	}
 	defer f.Close()
 	if ok, err := flockNB(f, unix.LOCK_EX); err != nil || !ok {
-		return err
+		return false, err
 	}
 	// The dir goes first, away from its name, so that no one can take it
 	// half removed; then the hold file, so that a process that opened it
@@ -192,15 +201,19 @@ func (c cache) remove(name string) error {
 	// for the next removal.
 	trash := filepath.Join(c.dir, trashPrefix+name)
 	if err := os.Rename(dir, trash); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("removing %s: %w", dir, err)
+		return false, fmt.Errorf("removing %s: %w", dir, err)
 	}
 	if err := os.Remove(dir + c.suffix); err != nil {
-		return fmt.Errorf("removing %s: %w", dir, err)
+		return false, fmt.Errorf("removing %s: %w", dir, err)
+	}
+	// What it held goes with it; tidy takes one a killed removal left.
+	if err := os.Remove(dir + aboutSuffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("removing %s: %w", dir, err)
 	}
 	if err := os.RemoveAll(trash); err != nil {
-		return fmt.Errorf("removing %s: %w", dir, err)
+		return false, fmt.Errorf("removing %s: %w", dir, err)
 	}
-	return nil
+	return true, nil
 }
 
 // collect removes the entries of names that no process holds. The caller
@@ -296,8 +309,11 @@ type heldEntry struct {
 }
 
 // hold keeps h, the hold file of the entry at dir, open for the life of the
-// process, or closes it if the process already holds that file.
+// process, or closes it if the process already holds that file. Its mtime
+// says the entry was used now: the cache's bound removes the entries used
+// least recently first.
 func hold(dir string, h holdFile) {
+	touch(h.f.Name())
 	held.Lock()
 	defer held.Unlock()
 	if _, ok := held.files[h.id]; ok {
@@ -305,6 +321,24 @@ func hold(dir string, h holdFile) {
 		return
 	}
 	held.files[h.id] = heldEntry{dir: dir, f: h.f}
+}
+
+// TouchHeld marks every entry this process holds as used now: a server
+// that stops calls it, so that the entries it used for weeks are not the
+// first the cache's bound removes.
+func TouchHeld() {
+	held.Lock()
+	defer held.Unlock()
+	for _, e := range held.files {
+		touch(e.f.Name())
+	}
+}
+
+// touch sets p's times to now, if it may: the mtime of a hold file is
+// when its entry was last used, and only an approximation is at stake.
+func touch(p string) {
+	now := time.Now()
+	os.Chtimes(p, now, now)
 }
 
 // flockNB tries once to take an flock of kind how (LOCK_SH or LOCK_EX) on

@@ -3,8 +3,10 @@ package rootfs
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -209,6 +211,36 @@ type missing struct {
 	asked    string // as the user named it, or the Debian name of a dependency
 	deb      string
 	neededBy string // "" for a named package
+	// inDebian says whether the host's package lists (apt-cache) have
+	// it: unknown when they could not be asked.
+	inDebian availability
+}
+
+type availability int
+
+const (
+	unknown availability = iota
+	available
+	unavailable
+)
+
+// aptHas asks the host's package lists whether Debian has package deb: a
+// hint worth its cost (apt-cache reads them all) only once a package is
+// missing. A test replaces it.
+var aptHas = func(deb string) availability {
+	if _, err := exec.LookPath("apt-cache"); err != nil {
+		return unknown
+	}
+	err := exec.Command("apt-cache", "show", "-q", deb).Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return available
+	case errors.As(err, &ee) && ee.ExitCode() == 100:
+		// "E: No packages found", or a purely virtual name.
+		return unavailable
+	}
+	return unknown
 }
 
 // MissingPackagesError says which packages the host lacks and how to
@@ -218,23 +250,51 @@ type MissingPackagesError struct {
 }
 
 func (e *MissingPackagesError) Error() string {
-	var what, debs []string
+	var what, install, none, pip []string
 	for _, m := range e.missing {
 		w := m.asked
 		if m.neededBy != "" {
 			w += " (needed by " + m.neededBy + ")"
 		}
 		what = append(what, w)
-		if !slices.Contains(debs, m.deb) {
-			debs = append(debs, m.deb)
+		switch {
+		case m.inDebian == unavailable:
+			if !slices.Contains(none, m.deb) {
+				none = append(none, m.deb)
+				pip = append(pip, strings.TrimPrefix(m.asked, "python3-"))
+			}
+		case !slices.Contains(install, m.deb):
+			install = append(install, m.deb)
 		}
 	}
-	verb, it := "is", "it"
+	verb := "is"
 	if len(what) > 1 {
-		verb, it = "are", "them"
+		verb = "are"
 	}
-	return fmt.Sprintf("{Packages}: %s %s not installed on this host; install %s with: apt-get install -y %s",
-		joinAnd(what), verb, it, strings.Join(debs, " "))
+	msg := fmt.Sprintf("{Packages}: %s %s not installed on this host", joinAnd(what), verb)
+	if len(install) > 0 {
+		it := "it"
+		if len(install) > 1 {
+			it = "them"
+		}
+		if len(none) > 0 {
+			it = strings.Join(install, " and ")
+		}
+		msg += fmt.Sprintf("; install %s with: apt-get install -y %s", it, strings.Join(install, " "))
+	}
+	if len(none) > 0 {
+		msg += fmt.Sprintf("; Debian has no package %s (apt-cache found none: check the name, or run apt-get update first); "+
+			"a package Debian lacks can come from a directory of packages instead: pip install --target DIR %s, then {PackagesDir}=DIR",
+			joinOr(none), strings.Join(pip, " "))
+	}
+	return msg
+}
+
+func joinOr(s []string) string {
+	if len(s) <= 1 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }
 
 // Packages are the Debian packages to install, each once.
@@ -333,6 +393,9 @@ func (db *dpkgDB) selectPackages(reqs []request, src *sources) (*selection, erro
 		}
 	}
 	if len(miss) > 0 {
+		for i := range miss {
+			miss[i].inDebian = aptHas(miss[i].deb)
+		}
 		return nil, &MissingPackagesError{missing: miss}
 	}
 	return sel, nil

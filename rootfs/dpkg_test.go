@@ -177,10 +177,28 @@ func TestMissingPackagesError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// What the package lists have: only a name Debian has gets its
+	// apt-get line.
+	inDebian := map[string]availability{"python3-scipy": available, "python3-sklearn": available, "python3-gone": available,
+		"python3-nope": unknown, "python3-removed": unknown, "python3-nosuchpkg-zz": unavailable}
+	saved := aptHas
+	aptHas = func(deb string) availability { return inDebian[deb] }
+	t.Cleanup(func() { aptHas = saved })
 	tests := []struct {
 		asked []string
 		want  string
 	}{
+		{
+			[]string{"nosuchpkg_zz"},
+			"{Packages}: nosuchpkg_zz is not installed on this host; Debian has no package python3-nosuchpkg-zz (apt-cache found none: check the name, or run apt-get update first); " +
+				"a package Debian lacks can come from a directory of packages instead: pip install --target DIR nosuchpkg_zz, then {PackagesDir}=DIR",
+		},
+		{
+			[]string{"scipy", "nosuchpkg_zz"},
+			"{Packages}: nosuchpkg_zz and scipy are not installed on this host; install python3-scipy with: apt-get install -y python3-scipy; " +
+				"Debian has no package python3-nosuchpkg-zz (apt-cache found none: check the name, or run apt-get update first); " +
+				"a package Debian lacks can come from a directory of packages instead: pip install --target DIR nosuchpkg_zz, then {PackagesDir}=DIR",
+		},
 		{
 			[]string{"numpy", "scipy"},
 			"{Packages}: scipy is not installed on this host; install it with: apt-get install -y python3-scipy",

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -111,6 +112,9 @@ func ensure(ctx context.Context, py Interpreter, opts Options, cacheDir string, 
 		return "", err
 	}
 	hold(out, om.holdFile)
+	builds.Add(1)
+	gens.describe(name, About{Python: py.Path, PythonVersion: py.Version, Packages: norm.Packages,
+		Shell: norm.Shell, Preload: norm.Preload, Built: time.Now().UTC()})
 	// What the new generation replaced goes now if no one runs on it.
 	collect(cacheDir)
 	return out, nil

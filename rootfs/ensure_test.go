@@ -45,6 +45,8 @@ func release(dir string) {
 	}
 }
 
+// dirNames lists dir, but for the about files of its entries (entries.go),
+// which must be there only beside their entry.
 func dirNames(t *testing.T, dir string) []string {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
@@ -53,6 +55,12 @@ func dirNames(t *testing.T, dir string) []string {
 	}
 	var names []string
 	for _, e := range entries {
+		if entry, ok := strings.CutSuffix(e.Name(), aboutSuffix); ok {
+			if _, err := os.Lstat(filepath.Join(dir, entry)); err != nil {
+				t.Errorf("%s is there without its entry", e.Name())
+			}
+			continue
+		}
 		names = append(names, e.Name())
 	}
 	return names

@@ -43,6 +43,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -158,7 +159,7 @@ func FlattenImage(ctx context.Context, src, cacheDir string, opts ImageOptions) 
 	if err != nil {
 		return Image{}, wrapImageErr(src, err)
 	}
-	c := cachedImage{cache: images(cacheDir), name: imagePrefix + digest.Hex + "-" + overlayKey(), digest: digest.String()}
+	c := cachedImage{cache: images(cacheDir), name: imagePrefix + digest.Hex + "-" + overlayKey(), digest: digest.String(), src: src}
 
 	if im, err := c.lookup(); im.Dir != "" || err != nil {
 		return im, wrapImageErr(src, err)
@@ -192,6 +193,7 @@ func wrapImageErr(src string, err error) error {
 type cachedImage struct {
 	cache
 	name, digest string
+	src          string // what the operator named, for the about file
 }
 
 // lookup returns the cached image when it is complete, and holds it for the
@@ -282,6 +284,8 @@ func (c cachedImage) build(ctx context.Context, img v1.Image, opts ImageOptions)
 		return Image{}, fmt.Errorf("python3 moved from %s to %s while caching", py, im.Python)
 	}
 	hold(dir, h)
+	builds.Add(1)
+	c.describe(c.name, About{Image: c.src, Digest: c.digest, PythonVersion: im.PythonVersion, Built: time.Now().UTC()})
 	return im, nil
 }
 

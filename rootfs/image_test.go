@@ -326,7 +326,7 @@ func TestFlattenImagePicks(t *testing.T) {
 	// Each image was flattened once, whichever file it came from.
 	var dirs []string
 	for _, n := range entryNames(t, cache) {
-		if strings.HasPrefix(n, imagePrefix) && !strings.HasSuffix(n, holdSuffix) {
+		if strings.HasPrefix(n, imagePrefix) && !strings.HasSuffix(n, holdSuffix) && !strings.HasSuffix(n, aboutSuffix) {
 			dirs = append(dirs, n)
 		}
 	}

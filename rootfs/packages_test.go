@@ -69,6 +69,7 @@ func fakePackages(t *testing.T, py *Interpreter) (dpkg, site string) {
 // fails with the line that installs it.
 func TestEnsurePackagesRebuildsWhenHostChanges(t *testing.T) {
 	py := fakeHostPython(t)
+	noApt(t)
 	dpkg, site := fakePackages(t, &py)
 	cache := t.TempDir()
 	ctx := context.Background()
@@ -643,6 +644,7 @@ func TestDescribeHost(t *testing.T) {
 // with the line that installs it; nothing is left behind.
 func TestBuildMissingPackage(t *testing.T) {
 	py := hostPython(t)
+	noApt(t)
 	parent := t.TempDir()
 	out := filepath.Join(parent, "rootfs")
 	err := Build(context.Background(), py, Options{Packages: []string{"json", "mcp-exec-surely-not-a-package"}}, out, nil)
@@ -657,4 +659,13 @@ func TestBuildMissingPackage(t *testing.T) {
 	if entries, _ := os.ReadDir(parent); len(entries) != 0 {
 		t.Errorf("a failed build left %d entries in %s", len(entries), parent)
 	}
+}
+
+// noApt makes the host's package lists unknown to the test: whether Debian
+// has a package is TestMissingPackagesError's to check, and the answer
+// depends on the host's lists.
+func noApt(t *testing.T) {
+	saved := aptHas
+	aptHas = func(string) availability { return unknown }
+	t.Cleanup(func() { aptHas = saved })
 }

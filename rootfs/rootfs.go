@@ -26,6 +26,8 @@
 //     image's digest.
 //   - cache.go: the cache dir Ensure and FlattenImage share: one lock,
 //     entries written once and held by every process that uses them.
+//   - entries.go: what the cache holds (List) and removing, least recently
+//     used first, what no process holds (Prune).
 //   - rootfs.go, packagesdir.go: Check says whether a dir is a usable
 //     rootfs, CheckPackagesDir whether a dir of packages meant to be
 //     mounted at PackagesDirMountPoint loads in it.

@@ -114,14 +114,16 @@ func (p *Pool) Run(ctx context.Context, req Request) (Result, error) {
 		return Result{}, err
 	}
 	for attempt := 0; ; attempt++ {
+		began := time.Now()
 		sb, warm, done, err := p.Get(ctx)
+		req.Phases.span(PhasePrepare, began, time.Now())
 		if err != nil {
 			return Result{}, err
 		}
 		res, err := runValid(ctx, sb, req)
 		res.Pooled = warm
 		done()
-		p.closeLater(sb)
+		p.closeTimed(sb, req.Phases)
 		if warm && attempt == 0 && errors.Is(err, errNotStarted) && ctx.Err() == nil {
 			p.cfg.Logger.Warn("a prepared sandbox was dead; preparing another", "err", err)
 			continue
@@ -131,13 +133,18 @@ func (p *Pool) Run(ctx context.Context, req Request) (Result, error) {
 }
 
 // closeLater tears a used sandbox down in the background.
-func (p *Pool) closeLater(sb Sandbox) {
+func (p *Pool) closeLater(sb Sandbox) { p.closeTimed(sb, nil) }
+
+// closeTimed is closeLater telling phases how long the teardown took.
+func (p *Pool) closeTimed(sb Sandbox, phases PhaseFunc) {
 	p.closing.Add(1)
 	go func() {
 		defer p.closing.Done()
+		began := time.Now()
 		if err := sb.Close(); err != nil {
 			p.cfg.Logger.Error("tearing down a sandbox", "err", err)
 		}
+		phases.span(PhaseTeardown, began, time.Now())
 	}()
 }
 

@@ -78,6 +78,9 @@ type Request struct {
 	// Live, when not nil, is shown the output as it comes, for whoever
 	// watches the call; stdout is then line-buffered.
 	Live *Live
+	// Phases, when not nil, is told each phase of the call once it is
+	// over (phases.go).
+	Phases PhaseFunc
 }
 
 // File is a file of a call: one written under /tmp before the code starts,

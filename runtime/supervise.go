@@ -426,6 +426,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 		done      bool // the init said it is done
 		ctxErr    error
 		initError string
+		exitAt    time.Time // when the code's exit was told
 	)
 	stopTimer := func() {}
 	// stop ends the code: a session's by an interrupt first.
@@ -464,6 +465,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 				c.deadline(start.Add(req.Timeout + watchdogGrace))
 			case iExit:
 				exitEv = &ev
+				exitAt = ev.at
 				res.Duration = ev.ran
 				cpu1 = c.cpu()
 				stopTimer()
@@ -540,6 +542,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 	if !start.IsZero() && cpu1 >= cpu0 {
 		res.CPUTime = cpu1 - cpu0
 	}
+	req.phases(start, exitAt)
 	switch {
 	case ctxErr != nil:
 		return res, idle, ctxErr
@@ -562,6 +565,17 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 		res.ExitCode = 128 + int(syscall.SIGKILL)
 	}
 	return res, idle, nil
+}
+
+// phases tells the request the run (start to the code's exit, or to now
+// when it was killed) and the collection after it.
+func (req Request) phases(start, exited time.Time) {
+	now := time.Now()
+	if exited.IsZero() {
+		exited = now
+	}
+	req.Phases.span(PhaseRun, start, exited)
+	req.Phases.span(PhaseCollect, exited, now)
 }
 
 // withNotes ends stderr with the init's notes for the caller, each on a

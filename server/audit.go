@@ -34,6 +34,8 @@ type auditRecord struct {
 	StderrBytes     int64       `json:"stderr_bytes"`
 	DurationMS      int64       `json:"duration_ms"`
 	Error           string      `json:"error,omitempty"`
+	// Verdict is the call's outcome in one word, as the metrics count it.
+	Verdict string `json:"verdict,omitempty"`
 	// Session is a digest of the persistent session's handle (never the
 	// handle, which is what lets a caller in); SessionEnded why it ended.
 	Session      string `json:"session,omitempty"`

@@ -4,15 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -46,14 +45,55 @@ func bodyBudget(o Options) int64 {
 // HTTP+SSE transport at /sse, until ctx is done. Then it kills the running
 // calls, answers them, and returns.
 func (s *Server) ServeHTTP(ctx context.Context, ln net.Listener) error {
+	fo := FrontOptions{Transport: s.opts.Transport, AuthToken: s.opts.AuthToken, Version: s.opts.Version, Logger: s.log}
+	if s.opts.Metrics != nil {
+		fo.Metrics = s.opts.Metrics
+	}
+	f := NewFront(fo)
+	f.Serve(ln)
+	s.log.Info("serving", "transport", s.opts.Transport, "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String()+mcpPath(s.opts.Transport),
+		"stateless", s.opts.Transport == HTTP && s.opts.Stateless)
+	return s.ServeFront(ctx, f)
+}
+
+// ServeFront serves MCP behind f, which already serves its listener, until
+// ctx is done or a listener fails. Then it kills the running calls, lets
+// each answer its client, and closes f.
+func (s *Server) ServeFront(ctx context.Context, f *Front) error {
 	s.serving(ctx)
 	defer s.drain()
+	handler, err := s.httpHandler()
+	if err != nil {
+		f.Close(0)
+		return err
+	}
+	f.attach(handler, s.Ready)
+	var serveErr error
+	select {
+	case serveErr = <-f.errc:
+	case <-ctx.Done():
+	}
+	// Kill and tear down the running calls; their handlers answer with an
+	// error. Then close: idle connections at once, open streams (which
+	// would never end by themselves) after a short grace for those answers.
+	s.drain()
+	f.Close(2 * time.Second)
+	return serveErr
+}
+
+func mcpPath(t Transport) string {
+	if t == SSE {
+		return "/sse"
+	}
+	return "/mcp"
+}
+
+// httpHandler is the transport's MCP handler, with its bounds.
+func (s *Server) httpHandler() (http.Handler, error) {
 	limit := maxMessageBytes(s.opts)
-	var path string
 	var handler http.Handler
 	switch s.opts.Transport {
 	case HTTP:
-		path = "/mcp"
 		live := &liveRequests{m: map[string]*liveRequest{}}
 		srv := s.mcpServer(live.originOf)
 		// The SDK's localhost DNS-rebinding protection stays on; its body
@@ -66,64 +106,27 @@ func (s *Server) ServeHTTP(ctx context.Context, ln net.Listener) error {
 				Stateless:           s.opts.Stateless,
 			}))
 		if !s.opts.Stateless {
-			handler = &sessionLimit{max: s.opts.MaxSessions, idle: s.opts.SessionIdle, next: handler, last: map[string]time.Time{}, log: s.log}
+			l := &sessionLimit{max: s.opts.MaxSessions, idle: s.opts.SessionIdle, next: handler, last: map[string]time.Time{}, log: s.log}
+			open := l.open
+			s.ops.httpSessions.Store(&open)
+			handler = l
 		}
 	case SSE:
-		path = "/sse"
 		// A legacy session lives exactly as long as its GET stream, so each
 		// GET gets its own MCP server whose calls die with that stream.
+		var streams atomic.Int64
+		count := func() int { return int(streams.Load()) }
+		s.ops.httpSessions.Store(&count)
 		handler = mcp.NewSSEHandler(func(r *http.Request) *mcp.Server {
+			streams.Add(1)
+			context.AfterFunc(r.Context(), func() { streams.Add(-1) })
 			o := origin{ctx: r.Context(), client: r.RemoteAddr}
 			return s.mcpServer(func(*mcp.CallToolRequest) origin { return o })
 		}, &mcp.SSEOptions{MaxRequestBodyBytes: limit})
 	default:
-		return fmt.Errorf("{Transport}: %q is not an HTTP transport", s.opts.Transport)
+		return nil, fmt.Errorf("{Transport}: %q is not an HTTP transport", s.opts.Transport)
 	}
-	handler = limitBodies(handler, limit, semaphore.NewWeighted(bodyBudget(s.opts)))
-
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		io.WriteString(w, "ok")
-	})
-	mux.Handle(path, requireToken(s.opts.AuthToken, handler, s.log))
-	hs := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		// Bodies are read at once; the deadline is lifted when a body is
-		// done, so long SSE responses are not cut. No WriteTimeout for them.
-		ReadTimeout:    time.Minute,
-		IdleTimeout:    2 * time.Minute,
-		MaxHeaderBytes: 64 << 10,
-		// Requests outlive the signal: a shutdown first kills the running
-		// calls (through the server's root context), lets each answer its
-		// client with an error, and only then closes connections.
-		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
-	s.log.Info("serving", "transport", s.opts.Transport, "addr", ln.Addr().String(), "url", "http://"+ln.Addr().String()+path,
-		"stateless", s.opts.Transport == HTTP && s.opts.Stateless)
-
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	// Kill and tear down the running calls; their handlers answer with an
-	// error. Then close: idle connections at once, open streams (which
-	// would never end by themselves) after a short grace for those answers.
-	s.drain()
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(shutdownCtx); err != nil {
-		hs.Close()
-	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return limitBodies(handler, limit, semaphore.NewWeighted(bodyBudget(s.opts))), nil
 }
 
 // sessionLimit keeps at most max streamable HTTP sessions open. A new one
@@ -155,6 +158,20 @@ func (l *sessionLimit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		delete(l.last, id)
 		l.mu.Unlock()
 	}
+}
+
+// open is how many sessions are open: used within the idle timeout.
+func (l *sessionLimit) open() int {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, t := range l.last {
+		if now.Sub(t) <= l.idle {
+			n++
+		}
+	}
+	return n
 }
 
 func (l *sessionLimit) touch(id string) {

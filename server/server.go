@@ -13,8 +13,9 @@
 //   - a call whose client is gone (cancellation, closed stdio, vanished HTTP
 //     connection, deleted session, server shutdown) has its sandbox killed at
 //     once;
-//   - nothing of the code, stdin or output reaches the logs or the audit
-//     log: metadata only.
+//   - nothing of the code, stdin or output reaches the logs, the audit
+//     log, a metric or a span: metadata only, and no session handle (its
+//     digest instead); metric labels are a fixed vocabulary.
 package server
 
 import (
@@ -36,6 +37,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/runtime"
@@ -113,6 +116,13 @@ type Options struct {
 	// Logger receives the server's logs (metadata only), SDKLogger the
 	// go-sdk's; nil discards.
 	Logger, SDKLogger *slog.Logger
+	// Metrics, when not nil, gets the server's collectors (metrics.go) and
+	// is what /metrics serves; Tracer, when not nil, gets a span per call
+	// (calls.go); Ready, when not nil, says whether the engine can run
+	// calls, for GET /readyz.
+	Metrics *prometheus.Registry
+	Tracer  trace.Tracer
+	Ready   func() error
 }
 
 // Transport is how the server speaks MCP.
@@ -212,6 +222,7 @@ type Server struct {
 	active  sync.WaitGroup
 
 	persist *sessions
+	ops     serverOps
 }
 
 // New returns a Server running calls on eng.
@@ -228,6 +239,13 @@ func New(eng Engine, opts Options) (*Server, error) {
 	s := &Server{eng: eng, info: eng.Info(), opts: opts, log: opts.Logger,
 		sem: make(chan struct{}, opts.MaxConcurrency), root: context.Background()}
 	s.persist = newSessions(s)
+	s.ops.tracer = opts.Tracer
+	if opts.Metrics != nil {
+		var err error
+		if s.ops.metrics, err = newMetrics(opts.Metrics, s); err != nil {
+			return nil, fmt.Errorf("registering the server's metrics: %w", err)
+		}
+	}
 	return s, nil
 }
 
@@ -426,14 +444,15 @@ func (e *RefusedError) Error() string { return e.Reason }
 // are tool errors (isError); whatever the code did is a result.
 func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHandlerFor[execInput, execOutput] {
 	return func(ctx context.Context, req *mcp.CallToolRequest, in execInput) (*mcp.CallToolResult, execOutput, error) {
-		began := time.Now()
 		o := originOf(req)
 		rec := s.newRecord(o.client, in)
+		ctx, c := s.beginCall(ctx, req, rec)
 		root, ok := s.enter()
 		if !ok {
 			rec.Error = "server shutting down"
+			rec.Verdict = s.endCall(ctx, c, rec, runtime.Result{}, errShuttingDown)
 			s.opts.Audit.write(rec)
-			return nil, execOutput{}, errors.New("the server is shutting down")
+			return nil, execOutput{}, errShuttingDown
 		}
 		defer s.active.Done()
 
@@ -452,10 +471,8 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		if so.handle != "" {
 			rec.Session, rec.SessionEnded = sessionID(so.handle), so.ended
 		}
+		rec.Verdict = s.endCall(ctx, c, rec, res, err)
 		s.opts.Audit.write(rec)
-		s.log.Info("exec", "call", rec.CallID, "client", rec.Client, "code_bytes", rec.CodeBytes,
-			"stdin_bytes", rec.StdinBytes, "exit_code", res.ExitCode, "timed_out", res.TimedOut,
-			"oom_killed", res.OOMKilled, "duration", res.Duration, "pooled", res.Pooled, "took", time.Since(began), "err", err)
 
 		var inErr *inputError
 		var refused *RefusedError
@@ -471,14 +488,11 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 			return nil, execOutput{}, fmt.Errorf("call cancelled: %w", context.Cause(ctx))
 		case errors.Is(err, runtime.ErrSandbox):
 			// The details are host paths and runtime internals: the
-			// operator's, not the client's.
-			s.log.Error("sandbox could not run", "call", rec.CallID, "err", err)
+			// operator's, not the client's (endCall logged them).
 			return nil, execOutput{}, fmt.Errorf("the sandbox could not run this call, a problem of the server rather than of the code; the server log has the details under call %s", rec.CallID)
-		case err != nil:
-			// The code ran and its verdict stands; the runtime failed only
-			// afterwards, tearing down. That is the operator's to look into.
-			s.log.Error("exec teardown", "call", rec.CallID, "err", err)
 		}
+		// Any other error came after the code ran, tearing down: its
+		// verdict stands, and endCall logged the error for the operator.
 		out := outputOf(res, s.info.Runtime)
 		out.Session, out.SessionEnded = so.handle, so.ended
 		content := []mcp.Content{&mcp.TextContent{Text: summary(out, timeout, s.opts)}}
@@ -511,7 +525,7 @@ func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInpu
 	}
 	defer func() { <-s.sem }()
 	stage.Store(running)
-	res, err := s.eng.Run(ctx, s.request(in, files, timeout, live))
+	res, err := s.eng.Run(ctx, s.request(ctx, in, files, timeout, live))
 	return res, timeout, sessionOut{}, err
 }
 
@@ -528,8 +542,9 @@ func (s *Server) validateCall(in execInput) (time.Duration, []runtime.File, erro
 	return timeout, files, nil
 }
 
-func (s *Server) request(in execInput, files []runtime.File, timeout time.Duration, live *runtime.Live) runtime.Request {
+func (s *Server) request(ctx context.Context, in execInput, files []runtime.File, timeout time.Duration, live *runtime.Live) runtime.Request {
 	return runtime.Request{
+		Phases:         callOf(ctx).phases(ctx),
 		Code:           []byte(in.Code),
 		Stdin:          []byte(in.Stdin),
 		Files:          files,
@@ -621,7 +636,7 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 			return runtime.Result{}, timeout, none, err
 		}
 	}
-	res, err := h.sess.Run(ctx, s.request(in, files, timeout, live))
+	res, err := h.sess.Run(ctx, s.request(ctx, in, files, timeout, live))
 	ended := string(res.Ended)
 	var gone *runtime.EndedError
 	switch {
@@ -641,6 +656,7 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 // acquire takes a slot, waiting for one when MaxQueued others do not wait
 // already.
 func (s *Server) acquire(ctx context.Context) error {
+	defer callOf(ctx).waited(ctx, time.Now())
 	select {
 	case s.sem <- struct{}{}:
 		return nil

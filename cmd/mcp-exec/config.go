@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -67,6 +68,15 @@ type config struct {
 	// Egress is the network sandboxes may reach (egress.go); the zero
 	// value is none.
 	Egress egress.Settings
+	// Operations: metrics on a listener of their own, the log's format
+	// and level, the rootfs cache and its bound, and whether an unknown
+	// MCP_EXEC_* variable stops the server (ops.go).
+	MetricsAddr   string
+	LogFormat     logFormat
+	LogLevel      slog.Level
+	CacheDir      string // "": rootfs.DefaultCacheDir()
+	CacheMaxBytes int64  // 0: unbounded
+	StrictConfig  bool
 	// Warnings are what loadConfig found worth saying but not refusing;
 	// serve logs them once its logger exists.
 	Warnings []string
@@ -95,6 +105,9 @@ func defaultConfig() config {
 		ForkMaxAge:         runtime.DefaultForkMaxAge,
 		MaxSessions:        1000,
 		StateDir:           runtime.DefaultStateDir,
+		LogFormat:          logText,
+		LogLevel:           slog.LevelInfo,
+		CacheMaxBytes:      defaultCacheMaxMB * mib,
 	}
 }
 
@@ -141,6 +154,9 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_STATE_DIR", "state-dir", "where per-instance container state lives (0700)", str(&c.StateDir)},
 		{"MCP_EXEC_RUNSC", "runsc", "path of the runsc binary (default: /usr/local/bin/runsc where make runsc installs it, else runsc on PATH)", str(&c.RunscPath)},
 		{"MCP_EXEC_RUNSC_PLATFORM", "runsc-platform", "gVisor platform (default: probed; systrap, else ptrace)", str(&c.RunscPlatform)},
+		// Operations.
+		{"MCP_EXEC_CACHE_DIR", "cache-dir", "where built rootfs and flattened images are cached (default: /var/cache/mcp-exec/rootfs for root, else ~/.cache/mcp-exec/rootfs)", str(&c.CacheDir)},
+		{"MCP_EXEC_STRICT_CONFIG", "strict-config", "an unknown MCP_EXEC_* variable stops the server instead of being a warning", boolean(&c.StrictConfig)},
 	}
 	s = append(s, c.egressSettings()...)
 	if serverOnly {
@@ -159,6 +175,12 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_SESSION_IDLE_S", "session-idle", "an HTTP session idle this long is closed", seconds(&c.SessionIdle)},
 			setting{"MCP_EXEC_MAX_SESSIONS", "max-sessions", "HTTP sessions open at most; a new one closes the least recently used", integer(&c.MaxSessions, 1)},
 			setting{"MCP_EXEC_HTTP_STATELESS", "http-stateless", "streamable HTTP without sessions (any replica answers any request)", boolean(&c.HTTPStateless)},
+			// Operations.
+			setting{"MCP_EXEC_METRICS_ADDR", "metrics-addr", "a listen address of its own for /metrics, /healthz, /readyz and /version, without the token (default: /metrics on the HTTP transport, behind the token)", str(&c.MetricsAddr)},
+			setting{"MCP_EXEC_LOG_FORMAT", "log-format", "text or json", &value[logFormat]{p: &c.LogFormat, parse: parseLogFormat}},
+			setting{"MCP_EXEC_LOG_LEVEL", "log-level", "debug, info, warn or error", &value[slog.Level]{p: &c.LogLevel, parse: parseLogLevel,
+				format: func(l slog.Level) string { return strings.ToLower(l.String()) }}},
+			setting{"MCP_EXEC_CACHE_MAX_MB", "cache-max-mb", "the rootfs cache's bound in MiB: rootfs no live server uses are removed beyond it at start, least recently used first; 0 for none", byteCount(&c.CacheMaxBytes, mib, 0)},
 		)
 	}
 	return s
@@ -180,6 +202,9 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) (string, bo
 		}
 	}
 	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if err := cfg.checkEnviron(environ()); err != nil {
 		return cfg, err
 	}
 	if err := cfg.readAuthTokenFile(); err != nil {
@@ -262,6 +287,7 @@ func (c *config) sandboxErrors() []error {
 	if err := c.Egress.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.limitsTogether()...)
 	if c.MaxFileBytes >= c.Limits.TmpfsBytes {
 		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_FILE_BYTES (%d) must be below the /tmp size, MCP_EXEC_TMPFS_MB (%d MiB): the files are written there",
 			c.MaxFileBytes, c.Limits.TmpfsBytes/mib))
@@ -342,15 +368,22 @@ func str(p *string) *value[string] {
 	return &value[string]{p: p, parse: func(s string) (string, error) { return s, nil }}
 }
 
-// list is a comma-separated list; blanks around items are dropped.
+// list is a comma-separated list; blanks around items are dropped. An
+// empty item (numpy,,pandas; a trailing comma) is refused: it is a
+// mistake, and what was meant there cannot be told. An empty value is
+// the empty list.
 func list(p *[]string) *value[[]string] {
 	return &value[[]string]{p: p, format: func(l []string) string { return strings.Join(l, ",") },
 		parse: func(s string) ([]string, error) {
+			if strings.TrimSpace(s) == "" {
+				return nil, nil
+			}
 			var out []string
-			for _, item := range strings.Split(s, ",") {
-				if item = strings.TrimSpace(item); item != "" {
-					out = append(out, item)
+			for i, item := range strings.Split(s, ",") {
+				if item = strings.TrimSpace(item); item == "" {
+					return nil, fmt.Errorf("item %d of %q is empty: remove the extra comma", i+1, s)
 				}
+				out = append(out, item)
 			}
 			return out, nil
 		}}

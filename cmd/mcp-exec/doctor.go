@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -26,6 +27,10 @@ type report struct {
 	Runtimes []runtimeCheck `json:"runtimes"`
 	Egress   *egressReport  `json:"egress"`
 	OK       bool           `json:"ok"`
+	// Blame names what keeps the server from starting: "runtime" (no
+	// full sandbox here), "rootfs" (the runtime would do, but the rootfs
+	// or its packages cannot be had), or "" when it starts.
+	Blame string `json:"blame,omitempty"`
 }
 
 // runtimeReport is the runtime the server would use (MCP_EXEC_RUNTIME)
@@ -81,10 +86,23 @@ type runtimeCheck struct {
 }
 
 type rootfsReport struct {
+	// Source says which rootfs the configuration asks for: one built from
+	// the host's python3 into the cache, an operator's dir, an image, or
+	// none (the process runtime runs the host's interpreter).
+	Source        string `json:"source,omitempty"`
 	Dir           string `json:"dir,omitempty"`
+	CacheDir      string `json:"cache_dir,omitempty"`
 	Python        string `json:"python,omitempty"`
 	PythonVersion string `json:"python_version,omitempty"`
-	Error         string `json:"error,omitempty"`
+	// Packages are the Debian packages asked for (MCP_EXEC_PACKAGES),
+	// Modules what they make importable; Shell and Preload as set.
+	Packages []string `json:"packages,omitempty"`
+	Modules  []string `json:"modules,omitempty"`
+	Shell    bool     `json:"shell,omitempty"`
+	Preload  []string `json:"preload,omitempty"`
+	// Proved: Python ran in a sandbox of the selected runtime on it.
+	Proved bool   `json:"proved"`
+	Error  string `json:"error,omitempty"`
 }
 
 // doctorCmd reports what isolation this host supports and exits non-zero
@@ -159,6 +177,14 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		r.Runtime.Mode = modeRefuse
 	}
 	r.Runtime.Advice = r.Host.Advice()
+	r.Rootfs = describeRootfs(ctx, cfg)
+	if !starts {
+		r.Blame = "runtime"
+	} else if r.Rootfs.Error != "" {
+		// The rootfs cannot be had whatever the runtime: say so, rather
+		// than start a sandbox to fail the same way.
+		starts, r.OK, r.Runtime.Mode, r.Blame = false, false, modeRefuse, "rootfs"
+	}
 	if starts {
 		// Prove it: build or find the rootfs and run Python in the sandbox.
 		sb, err := newEngine(ctx, cfg, slog.New(slog.DiscardHandler))
@@ -166,6 +192,10 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			r.OK = false
 			r.Runtime.Mode = modeRefuse
 			r.Rootfs.Error = err.Error()
+			r.Blame = "rootfs"
+			if errors.Is(err, runtime.ErrUnsupported) {
+				r.Blame = "runtime"
+			}
 		} else {
 			r.Runtime.Resolved = sb.rt.Kind()
 			if p, ok := sb.rt.(*runtime.ProcessRuntime); ok {
@@ -184,12 +214,13 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			r.Rootfs.Dir = sb.bundleCfg.Rootfs
 			r.Rootfs.Python = sb.bundleCfg.Python
 			r.Rootfs.PythonVersion = sb.pythonVersion
+			r.Rootfs.Modules = sb.contents.Modules
+			r.Rootfs.Proved = true
+			if sb.rt.Kind() == runtime.Process {
+				r.Rootfs.Source = "none: the process runtime runs the host's interpreter"
+				r.Rootfs.Dir, r.Rootfs.CacheDir = "", ""
+			}
 			sb.close()
-		}
-	} else if cfg.Rootfs != "" {
-		r.Rootfs.Dir = cfg.Rootfs
-		if err := rootfs.Check(cfg.Rootfs); err != nil {
-			r.Rootfs.Error = err.Error()
 		}
 	}
 
@@ -256,16 +287,7 @@ func printReport(w io.Writer, r report) {
 	for _, a := range r.Runtime.Advice {
 		fmt.Fprintf(w, "advice: %s\n", a)
 	}
-	fmt.Fprintf(w, "rootfs\n")
-	if r.Rootfs.Dir != "" {
-		fmt.Fprintf(w, "  dir:     %s\n", r.Rootfs.Dir)
-	}
-	if r.Rootfs.PythonVersion != "" {
-		fmt.Fprintf(w, "  python:  %s (%s)\n", r.Rootfs.PythonVersion, r.Rootfs.Python)
-	}
-	if r.Rootfs.Error != "" {
-		fmt.Fprintf(w, "  error:   %s\n", r.Rootfs.Error)
-	}
+	printRootfs(w, r.Rootfs)
 	if r.Runtime.Sandboxes != "" {
 		fmt.Fprintf(w, "sandboxes: %s\n", r.Runtime.Sandboxes)
 	}
@@ -296,10 +318,16 @@ func printReport(w io.Writer, r report) {
 		fmt.Fprintln(w)
 	case r.OK:
 		fmt.Fprintf(w, "verdict: OK — mode %q: %s gives the full sandbox on this host\n", r.Runtime.Mode, sel)
+	case r.Blame == "rootfs":
+		fmt.Fprintf(w, "verdict: NOT OK — mode %q: %s gives the full sandbox on this host, but the server would refuse to start: "+
+			"its rootfs cannot be had (the rootfs error above says why and how to fix it)\n", r.Runtime.Mode, sel)
 	default:
 		fmt.Fprintf(w, "verdict: NOT OK — mode %q: the server would refuse to start, as %s cannot give the full sandbox here; fix what is listed above", r.Runtime.Mode, sel)
-		if r.Runtime.Alternative != "" {
+		switch {
+		case r.Runtime.Alternative != "":
 			fmt.Fprintf(w, ", or use MCP_EXEC_RUNTIME=%s, which can", r.Runtime.Alternative)
+		case r.Host.EUID != 0 && r.Runtime.Selected != runtime.Auto:
+			fmt.Fprintf(w, "; or, on a desktop, set MCP_EXEC_RUNTIME=auto: each call is then a fresh process confined by Landlock and seccomp, less than a container")
 		}
 		fmt.Fprintln(w)
 	}
@@ -343,4 +371,83 @@ func orNone(list []string) string {
 		return "none"
 	}
 	return strings.Join(list, " ")
+}
+
+// describeRootfs says which rootfs cfg asks for and what it holds, without
+// a sandbox: what doctor can say as any user, before proving it.
+func describeRootfs(ctx context.Context, cfg config) rootfsReport {
+	r := rootfsReport{Shell: cfg.Shell, Preload: cfg.Preload}
+	if n, err := cfg.rootfsOptions().Normalize(); err == nil {
+		r.Packages = n.Packages
+	}
+	switch {
+	case cfg.RootfsImage != "":
+		r.Source, r.CacheDir = "the image {RootfsImage}="+cfg.RootfsImage+", flattened into the cache", cacheDir(cfg)
+		return r
+	case cfg.Rootfs != "":
+		r.Source, r.Dir = "the operator's {Rootfs}", cfg.Rootfs
+		if err := rootfs.Check(cfg.Rootfs); err != nil {
+			r.Error = err.Error()
+		}
+	default:
+		r.Source, r.CacheDir = "built from the host's python3 into the cache", cacheDir(cfg)
+	}
+	py, err := rootfs.FindPython(ctx, cfg.Python)
+	if err != nil {
+		r.Error = fmt.Sprintf("finding python ({Python}): %v", err)
+		return r
+	}
+	r.Python, r.PythonVersion = py.Path, py.Version
+	contents, err := rootfs.Describe(py, cfg.rootfsOptions())
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r.Modules = contents.Modules
+	if cfg.Rootfs == "" {
+		if key, err := cfg.rootfsOptions().Key(py); err == nil {
+			if target, err := os.Readlink(filepath.Join(r.CacheDir, key)); err == nil {
+				r.Dir = filepath.Join(r.CacheDir, target)
+			}
+		}
+	}
+	return r
+}
+
+func printRootfs(w io.Writer, r rootfsReport) {
+	fmt.Fprintf(w, "rootfs\n")
+	if r.Source != "" {
+		fmt.Fprintf(w, "  source:    %s\n", r.Source)
+	}
+	switch {
+	case r.Dir != "":
+		fmt.Fprintf(w, "  dir:       %s\n", r.Dir)
+	case r.CacheDir != "":
+		fmt.Fprintf(w, "  dir:       not built yet: the server builds it into %s at its first start\n", r.CacheDir)
+	}
+	if r.PythonVersion != "" {
+		fmt.Fprintf(w, "  python:    %s (%s)\n", r.PythonVersion, r.Python)
+	}
+	pkgs := "none (the standard library only)"
+	if len(r.Packages) > 0 {
+		pkgs = strings.Join(r.Packages, " ")
+	}
+	fmt.Fprintf(w, "  packages:  %s\n", pkgs)
+	if len(r.Modules) > 0 {
+		fmt.Fprintf(w, "  imports:   %s\n", strings.Join(r.Modules, " "))
+	}
+	if r.Shell {
+		fmt.Fprintf(w, "  shell:     /bin/sh and busybox's tools\n")
+	}
+	if len(r.Preload) > 0 {
+		fmt.Fprintf(w, "  preload:   %s\n", strings.Join(r.Preload, " "))
+	}
+	switch {
+	case r.Error != "":
+		fmt.Fprintf(w, "  error:     %s\n", r.Error)
+	case r.Proved:
+		fmt.Fprintf(w, "  proved:    Python ran in a sandbox on it\n")
+	default:
+		fmt.Fprintf(w, "  proved:    no (no sandbox can start here to prove it)\n")
+	}
 }

@@ -111,7 +111,7 @@ func startServer(t *testing.T, env []string, args ...string) *proc {
 			t.Logf("server stderr:\n%s", p.stderr)
 		}
 	})
-	p.waitLog(t, regexp.MustCompile(`msg="sandbox ready"`))
+	p.waitLog(t, regexp.MustCompile(`msg="sandbox ready"|"msg":"sandbox ready"`))
 	ids := instances(t, p.stateDir)
 	if len(ids) != 1 {
 		t.Fatalf("state dir holds instances %v, want one", ids)

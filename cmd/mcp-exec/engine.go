@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
@@ -46,6 +47,9 @@ type engine struct {
 	watch       *rootfs.Watcher
 	mounts      map[string]string // watched dir → where the sandbox has it
 	changedOnce sync.Once
+	// prepared is the outcome of the newest sandbox preparation, for the
+	// readiness (ready).
+	prepared atomic.Pointer[prepareOutcome]
 }
 
 // newEngine creates the runtime (refusing when the host cannot give the
@@ -74,15 +78,16 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 			s.pool.Close()
 		}
 	}()
-	if cfg.Runtime == runtime.Auto {
-		log.Info("runtime chosen", "configured", cfg.Runtime, "runtime", rt.Kind(), "why", why)
-	}
 	if p, ok := rt.(*runtime.ProcessRuntime); ok {
+		// Said once, with why auto chose it: the reason is long.
 		iso := p.Isolation()
 		s.note = expandFields(processNote(cfg.Runtime, why, iso))
 		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
-			"runtime", rt.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
+			"configured", cfg.Runtime, "runtime", rt.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
 		return s, s.startProcess(ctx, cfg)
+	}
+	if cfg.Runtime == runtime.Auto {
+		log.Info("runtime chosen", "configured", cfg.Runtime, "runtime", rt.Kind(), "why", why)
 	}
 	start := time.Now()
 	root, err := rootfs.Open(ctx, rootfsSource(cfg), func(ctx context.Context, t rootfs.Trial) (string, error) {
@@ -122,6 +127,18 @@ func (s *engine) watchRootfs(cfg config, root rootfs.Root) error {
 // file, as the sandbox names it; the log says which on the host, and how
 // to serve again.
 func (s *engine) checkRootfs() error {
+	ce := s.rootfsChanged()
+	if ce == nil {
+		return nil
+	}
+	inside := filepath.Join(s.mounts[ce.Dir], ce.Rel)
+	return &server.RefusedError{Reason: fmt.Sprintf("the server refuses calls: a file of its Python rootfs changed while it serves it (%s %s); "+
+		"the operator must restart the server, which proves the rootfs again", inside, ce.What)}
+}
+
+// rootfsChanged is the first change to the served rootfs, or nil; the
+// first time it is seen, the log says which file and what to do.
+func (s *engine) rootfsChanged() *rootfs.ChangedError {
 	if s.watch == nil {
 		return nil
 	}
@@ -135,9 +152,7 @@ func (s *engine) checkRootfs() error {
 			"fix", "if the change is wanted, restart the server: it proves the rootfs again at start; a cached rootfs ("+
 				"under the cache dir) is never changed by mcp-exec: remove the changed generation and restart to rebuild it")
 	})
-	inside := filepath.Join(s.mounts[ce.Dir], ce.Rel)
-	return &server.RefusedError{Reason: fmt.Sprintf("the server refuses calls: a file of its Python rootfs changed while it serves it (%s %s); "+
-		"the operator must restart the server, which proves the rootfs again", inside, ce.What)}
+	return ce
 }
 
 // newRuntime creates the runtime cfg names, and says why when auto chose it.
@@ -166,7 +181,7 @@ func newRuntime(cfg config, log *slog.Logger) (runtime.Runtime, string, error) {
 // rootfsSource is which rootfs cfg asks for.
 func rootfsSource(cfg config) rootfs.Source {
 	return rootfs.Source{Dir: cfg.Rootfs, Image: cfg.RootfsImage, Python: cfg.Python,
-		Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir}
+		Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir, CacheDir: cfg.CacheDir}
 }
 
 // prove runs what rootfs.Open asks in a sandbox of this engine: the start-up
@@ -404,7 +419,11 @@ func (s *engine) prepare(ctx context.Context, bcfg bundle.Config) (runtime.Sandb
 	if err != nil {
 		return nil, fmt.Errorf("%w: creating bundle: %w", runtime.ErrSandbox, err)
 	}
-	return s.rt.Prepare(ctx, b)
+	sb, err := s.rt.Prepare(ctx, b)
+	if ctx.Err() == nil {
+		s.prepared.Store(&prepareOutcome{at: time.Now(), err: err})
+	}
+	return sb, err
 }
 
 // Run runs one call in a fresh sandbox, through the pool: one prepared
@@ -460,6 +479,9 @@ func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Re
 }
 
 func (s *engine) close() error {
+	// The rootfs this server used was used until now: the cache's bound
+	// removes the least recently used first.
+	defer rootfs.TouchHeld()
 	if s.pool != nil {
 		s.pool.Close()
 	}
@@ -475,4 +497,29 @@ func lastLines(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// prepareOutcome is how a sandbox preparation ended.
+type prepareOutcome struct {
+	at  time.Time
+	err error
+}
+
+// unreadyAfterFailure is how long a failed sandbox preparation makes the
+// server not ready: long enough for a load balancer to send calls
+// elsewhere, short enough that a server whose calls prepare their own
+// sandboxes gets calls again, to find out whether one can start now.
+const unreadyAfterFailure = 30 * time.Second
+
+// ready says whether calls can run now, for GET /readyz (no host path:
+// it answers anyone): the rootfs is as proved, and the newest sandbox
+// preparation, if any, did not fail just now.
+func (s *engine) ready() error {
+	if s.rootfsChanged() != nil {
+		return errors.New("a file of the rootfs changed while the server serves it; it refuses calls until it is restarted (its log names the file)")
+	}
+	if p := s.prepared.Load(); p != nil && p.err != nil && time.Since(p.at) < unreadyAfterFailure {
+		return errors.New("the newest sandbox could not start (its log says why)")
+	}
+	return nil
 }

@@ -31,14 +31,22 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage:
+const usage = `mcp-exec: an MCP server with one tool, exec, that runs Python in a fresh,
+locked-down sandbox per call.
+
+usage:
   mcp-exec [serve] [flags]                 run the MCP server (stdio by default)
   mcp-exec run [-c CODE | FILE] [flags]     run Python once in the sandbox
-  mcp-exec rootfs build --out DIR           build the default Python rootfs
   mcp-exec doctor [--json]                  report what isolation this host supports
-  mcp-exec version                          print the version
+  mcp-exec rootfs build --out DIR           build the default Python rootfs
+  mcp-exec rootfs ls [--json]               list the cached rootfs: what each holds, its size, when last used
+  mcp-exec rootfs prune [--keep N] [--older-than D]
+                                            remove cached rootfs no running server uses
+  mcp-exec version, mcp-exec --version      print the version
+  mcp-exec help, mcp-exec -h                this help
 
-Run "mcp-exec COMMAND -h" for a command's flags.
+Run "mcp-exec COMMAND -h" for a command's flags; "mcp-exec serve -h" lists
+every setting with its MCP_EXEC_* variable.
 `
 
 // version is set at build time.
@@ -47,8 +55,19 @@ var version = "dev"
 // run dispatches a subcommand and returns the process exit status.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cmd := "serve"
-	if len(args) > 0 && (len(args[0]) == 0 || args[0][0] != '-') {
-		cmd, args = args[0], args[1:]
+	if len(args) > 0 {
+		switch args[0] {
+		case "-h", "-help", "--help":
+			// The top level's help lists the subcommands; serve's flags
+			// are "mcp-exec serve -h".
+			cmd, args = "help", args[1:]
+		case "-version", "--version":
+			cmd, args = "version", args[1:]
+		default:
+			if len(args[0]) == 0 || args[0][0] != '-' {
+				cmd, args = args[0], args[1:]
+			}
+		}
 	}
 	switch cmd {
 	case "serve":

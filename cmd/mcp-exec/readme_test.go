@@ -54,6 +54,9 @@ func readmeSettings(t *testing.T) []readmeSetting {
 		}
 		defs := strings.Split(strings.TrimSpace(cells[1]), ", ")
 		for i, v := range vars {
+			if !strings.HasPrefix(v, "MCP_EXEC_") {
+				continue // the standard OTEL_* variables, the SDK's
+			}
 			def := strings.TrimSpace(cells[1])
 			if len(defs) == len(vars) {
 				def = defs[i]
@@ -80,6 +83,9 @@ func readmeDefault(c config, env, printed string) string {
 		"MCP_EXEC_RUNSC":           func() (string, bool) { return "/usr/local/bin/runsc, else PATH", c.RunscPath == "" },
 		"MCP_EXEC_RUNSC_PLATFORM":  func() (string, bool) { return "probed", c.RunscPlatform == "" },
 		"MCP_EXEC_PIP_INDEX_URL":   func() (string, bool) { return "PyPI", c.Egress.PipIndexURL == "" },
+		"MCP_EXEC_CACHE_DIR": func() (string, bool) {
+			return "/var/cache/mcp-exec/rootfs (root), else ~/.cache/mcp-exec/rootfs", c.CacheDir == ""
+		},
 	}
 	if d, ok := described[env]; ok {
 		if want, holds := d(); holds {

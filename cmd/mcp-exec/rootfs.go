@@ -13,12 +13,25 @@ import (
 	"github.com/inhuman/mcp-exec/rootfs"
 )
 
+const rootfsUsage = `usage:
+  mcp-exec rootfs build --out DIR [--python PATH] [--packages LIST] [--shell]
+  mcp-exec rootfs ls [--cache-dir DIR] [--json]
+  mcp-exec rootfs prune [--cache-dir DIR] [--keep N] [--older-than D] [--dry-run]`
+
 // rootfsCmd builds the default rootfs from the host's Python into a
-// directory of the caller's choosing.
+// directory of the caller's choosing, or lists or prunes the cache.
 func rootfsCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	stdout, stderr = fieldWriter{stdout}, fieldWriter{stderr}
+	if len(args) > 0 {
+		switch args[0] {
+		case "ls":
+			return rootfsLs(args[1:], stdout, stderr)
+		case "prune":
+			return rootfsPrune(ctx, args[1:], stdout, stderr)
+		}
+	}
 	if len(args) == 0 || args[0] != "build" {
-		fmt.Fprintln(stderr, "usage: mcp-exec rootfs build --out DIR [--python PATH] [--packages LIST] [--shell]")
+		fmt.Fprintln(stderr, rootfsUsage)
 		return 2
 	}
 	fs := flag.NewFlagSet("mcp-exec rootfs build", flag.ContinueOnError)

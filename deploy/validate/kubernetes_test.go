@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -196,9 +197,16 @@ func deployment(t *testing.T, objs []any) (*appsv1.Deployment, *corev1.Container
 		tok.ValueFrom.SecretKeyRef.Name != "mcp-exec-auth" || tok.ValueFrom.SecretKeyRef.Key != "token" {
 		t.Errorf("MCP_EXEC_AUTH_TOKEN: want it from Secret mcp-exec-auth, key token; got %+v", tok)
 	}
-	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port != intstr.FromString("http") {
-			t.Errorf("%s probe: want GET /healthz on port http, got %+v", name, p)
+	// Ready: the rootfs proved, a sandbox can start, not stopping. Alive:
+	// the process answers, which it does from the moment it binds, while
+	// the rootfs is built too, so that a slow first start is not killed.
+	for name, probe := range map[string]struct {
+		p    *corev1.Probe
+		path string
+	}{"readiness": {c.ReadinessProbe, "/readyz"}, "liveness": {c.LivenessProbe, "/healthz"}} {
+		p := probe.p
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != probe.path || p.HTTPGet.Port != intstr.FromString("http") {
+			t.Errorf("%s probe: want GET %s on port http, got %+v", name, probe.path, p)
 		}
 	}
 	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
@@ -231,6 +239,15 @@ func TestPrivilegedVariant(t *testing.T) {
 	}
 	if spec.RuntimeClassName != nil {
 		t.Errorf("runtimeClassName %q: want none", *spec.RuntimeClassName)
+	}
+	// The rootfs cache's bound keeps it under its emptyDir's sizeLimit,
+	// past which the kubelet evicts the pod.
+	if m := mountOf(c, "/var/cache/mcp-exec"); m == nil || volume(spec, m.Name) == nil || volume(spec, m.Name).EmptyDir == nil ||
+		volume(spec, m.Name).EmptyDir.SizeLimit == nil {
+		t.Errorf("/var/cache/mcp-exec: want an emptyDir with a sizeLimit")
+	} else if bound, err := strconv.ParseInt(envMap(c)["MCP_EXEC_CACHE_MAX_MB"], 10, 64); err != nil ||
+		bound<<20 >= volume(spec, m.Name).EmptyDir.SizeLimit.Value() {
+		t.Errorf("MCP_EXEC_CACHE_MAX_MB = %q: want a bound below the cache emptyDir's sizeLimit %v", envMap(c)["MCP_EXEC_CACHE_MAX_MB"], volume(spec, m.Name).EmptyDir.SizeLimit)
 	}
 	if sc.Privileged == nil || *sc.Privileged {
 		t.Errorf("privileged: want false, set explicitly")

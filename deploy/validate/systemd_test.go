@@ -255,7 +255,7 @@ exec /lib/systemd/systemd --unit=mcp-exec.service
 	}()
 
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	if err := waitHealthy(ctx, base+"/healthz", 2*time.Minute); err != nil {
+	if err := waitHealthy(ctx, base+"/readyz", 2*time.Minute); err != nil {
 		leader := containerLeader(t, cmd.Process.Pid)
 		journal, _ := exec.Command("nsenter", "-t", leader, "-a", "journalctl", "-u", "mcp-exec", "--no-pager", "-n", "30").CombinedOutput()
 		t.Fatalf("mcp-exec.service never became healthy: %v\njournal:\n%s", err, journal)
@@ -333,7 +333,7 @@ exec /lib/systemd/systemd --unit=mcp-exec.service
 		if out, err := c.CombinedOutput(); err != nil {
 			t.Fatalf("restarting with MCP_EXEC_RUNTIME=runsc: %v %s", err, out)
 		}
-		if err := waitHealthy(ctx, base+"/healthz", time.Minute); err != nil {
+		if err := waitHealthy(ctx, base+"/readyz", time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		text, err := execCall(base+"/mcp", token, `import os; print("hello", os.getuid(), os.uname().release)`)
@@ -424,7 +424,8 @@ func waitHealthy(ctx context.Context, url string, timeout time.Duration) error {
 		if err == nil {
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK && string(body) == "ok" {
+			// /healthz says ok, /readyz ready.
+			if resp.StatusCode == http.StatusOK && (string(body) == "ok" || string(body) == "ready") {
 				return nil
 			}
 			err = fmt.Errorf("status %d, body %q", resp.StatusCode, body)

@@ -55,7 +55,9 @@ export function serverEnv(extra = {}) {
 }
 
 // startServer runs `mcp-exec serve --transport http|sse` on a free loopback
-// port with a fresh token and state dir, and resolves once /healthz answers.
+// port with a fresh token and state dir, and resolves once /readyz says it
+// is ready (/healthz answers from the moment the port is bound, before the
+// sandbox is up).
 // Its stderr is kept (last 64 KiB) for failure messages.
 export async function startServer({ transport = 'http', env = {}, label = transport } = {}) {
   const token = newToken();
@@ -114,7 +116,7 @@ export class Server {
         throw new Error(`mcp-exec serve exited (code ${this.exitCode}, signal ${this.exitSignal}) before listening:\n${this.stderr}`);
       }
       try {
-        const res = await fetch(`${this.baseURL}/healthz`, { signal: AbortSignal.timeout(2000) });
+        const res = await fetch(`${this.baseURL}/readyz`, { signal: AbortSignal.timeout(2000) });
         await res.body?.cancel();
         if (res.status === 200) return;
       } catch {
@@ -122,7 +124,7 @@ export class Server {
       }
       await sleep(100);
     }
-    throw new Error(`mcp-exec serve did not answer /healthz within ${timeoutMs} ms:\n${this.stderr}`);
+    throw new Error(`mcp-exec serve was not ready (/readyz) within ${timeoutMs} ms:\n${this.stderr}`);
   }
 
   // stop sends SIGTERM (graceful shutdown), escalating to SIGKILL, then
