@@ -139,7 +139,7 @@ func (i ProcessIsolation) Summary() string {
 	}
 	rest := "no container of its own (no namespaces or cgroups): the container the server runs in is the boundary for the rest"
 	if i.Namespaces {
-		rest = "no cgroup of its own: the container the server runs in bounds the memory and processes of all calls together"
+		rest = "no container of its own (no cgroups or rootfs of its own): the container the server runs in bounds the memory and processes of all calls together"
 	}
 	return "each call is a fresh process with " + strings.Join(parts, "; ") + "; " + rest
 }

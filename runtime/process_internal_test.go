@@ -53,7 +53,7 @@ func TestProcessSummary(t *testing.T) {
 		want, not []string
 	}{
 		{"namespaces", ProcessIsolation{Namespaces: true, Landlock: 7, Seccomp: true, Subreaper: true},
-			[]string{"namespaces of its own", "sees only its own processes", "no network interface but lo", "tmpfs of the /tmp size", "no cgroup of its own"},
+			[]string{"namespaces of its own", "sees only its own processes", "no network interface but lo", "tmpfs of the /tmp size", "no cgroups or rootfs of its own"},
 			[]string{"no namespaces", "without a name"}},
 		{"without", ProcessIsolation{Landlock: 7, Seccomp: true, Subreaper: true},
 			[]string{"of /proc it sees only its own main process", "those it holds without a name included", "no namespaces or cgroups"},
