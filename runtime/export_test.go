@@ -60,3 +60,18 @@ func WithForksAsUID(uid uint32, f func()) {
 	defer func() { forkUID = nil }()
 	f()
 }
+
+// SessionCPU is the CPU time a session's sandbox has used so far, as the
+// host's kernel accounts it: its cgroups' count, or, in the process
+// runtime (no cgroup), the sum over the live processes below its init.
+func SessionCPU(s *Session) time.Duration {
+	if pc, ok := s.sb.c.(*procContainer); ok {
+		var ticks int64
+		for _, pid := range descendants(pc.cmd.Process.Pid) {
+			t, _ := cpuTicks(pid)
+			ticks += t
+		}
+		return time.Duration(ticks) * 10 * time.Millisecond
+	}
+	return s.sb.c.cpu()
+}

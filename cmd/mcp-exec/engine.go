@@ -363,7 +363,7 @@ func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, 
 
 // NewSession makes a persistent session's sandbox, through the pool.
 func (s *engine) NewSession(ctx context.Context) (server.Session, error) {
-	sess, err := s.pool.NewSession(ctx)
+	sess, err := s.pool.NewSession(ctx, runtime.SessionConfig{})
 	if err != nil {
 		return nil, named(err)
 	}
