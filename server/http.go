@@ -54,7 +54,7 @@ func (s *Server) ServeHTTP(ctx context.Context, ln net.Listener) error {
 	switch s.opts.Transport {
 	case HTTP:
 		path = "/mcp"
-		live := &liveRequests{m: map[string]*liveRequest{}}
+		live := &liveRequests{m: map[string]*liveRequest{}, stateless: s.opts.Stateless}
 		srv := s.mcpServer(live.originOf)
 		// The SDK's localhost DNS-rebinding protection stays on; its body
 		// limit is an http.MaxBytesReader.
@@ -73,7 +73,7 @@ func (s *Server) ServeHTTP(ctx context.Context, ln net.Listener) error {
 		// A legacy session lives exactly as long as its GET stream, so each
 		// GET gets its own MCP server whose calls die with that stream.
 		handler = mcp.NewSSEHandler(func(r *http.Request) *mcp.Server {
-			o := origin{ctx: r.Context(), client: r.RemoteAddr}
+			o := origin{ctx: r.Context(), client: r.RemoteAddr, owner: "sse " + rand.Text()}
 			return s.mcpServer(func(*mcp.CallToolRequest) origin { return o })
 		}, &mcp.SSEOptions{MaxRequestBodyBytes: limit})
 	default:
@@ -310,6 +310,8 @@ const callHeader = "X-Mcp-Exec-Post"
 type liveRequests struct {
 	mu sync.Mutex
 	m  map[string]*liveRequest
+	// stateless: no request's session id names a client.
+	stateless bool
 }
 
 type liveRequest struct {
@@ -375,5 +377,10 @@ func (l *liveRequests) originOf(req *mcp.CallToolRequest) origin {
 		cancel()
 		return origin{ctx: ctx, client: "http"}
 	}
-	return origin{ctx: lr.ctx, client: lr.remote}
+	o := origin{ctx: lr.ctx, client: lr.remote}
+	if !l.stateless && lr.session != "" {
+		// A session id the SDK served the request under: one it made.
+		o.owner = "http " + lr.session
+	}
+	return o
 }

@@ -39,7 +39,9 @@ type engine struct {
 	// pool runs every call: on sandboxes prepared ahead (startPool), or
 	// on one prepared for the call.
 	pool *runtime.Pool
-	log  *slog.Logger
+	// sessions configures each persistent session's sandbox.
+	sessions runtime.SessionConfig
+	log      *slog.Logger
 }
 
 // newEngine creates the runtime (refusing when the host cannot give the
@@ -58,7 +60,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 			rt.Close()
 		}
 	}()
-	s := &engine{rt: rt, log: log}
+	s := &engine{rt: rt, log: log, sessions: runtime.SessionConfig{Background: cfg.PersistentBackground}}
 	s.pool = s.newPool(0, false)
 	defer func() {
 		if retErr != nil {
@@ -363,7 +365,7 @@ func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, 
 
 // NewSession makes a persistent session's sandbox, through the pool.
 func (s *engine) NewSession(ctx context.Context) (server.Session, error) {
-	sess, err := s.pool.NewSession(ctx, runtime.SessionConfig{})
+	sess, err := s.pool.NewSession(ctx, s.sessions)
 	if err != nil {
 		return nil, named(err)
 	}
