@@ -162,8 +162,15 @@ func (w *stopWatch) stop() {
 	<-w.done
 }
 
-// descendants lists every process below root, from a walk of /proc.
+// descendants lists every process below root: from the kernel's lists of
+// each task's children where it keeps them (CONFIG_PROC_CHILDREN; a walk
+// of the tree alone, where one of all /proc took some 1.5 ms here), else
+// from a walk of /proc. Either is a snapshot that a process of the tree
+// still running may change: stopTree walks again until all stand still.
 func descendants(root int) []int {
+	if childrenFiles() {
+		return descendantsByChildren(root)
+	}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
@@ -186,6 +193,43 @@ func descendants(root int) []int {
 		for _, c := range children[p] {
 			out = append(out, c)
 			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+// childrenFiles says whether the kernel lists each task's children
+// (/proc/PID/task/TID/children).
+var childrenFiles = sync.OnceValue(func() bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d/children", os.Getpid(), os.Getpid()))
+	return err == nil
+})
+
+// descendantsByChildren lists every process below root from the children
+// of each of their threads: a child belongs to the thread that made it.
+func descendantsByChildren(root int) []int {
+	var out []int
+	seen := map[int]bool{root: true}
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
+		if err != nil {
+			continue // gone
+		}
+		for _, t := range tasks {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", p, t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(data)) {
+				if c, err := strconv.Atoi(f); err == nil && !seen[c] {
+					seen[c] = true
+					out = append(out, c)
+					queue = append(queue, c)
+				}
+			}
 		}
 	}
 	return out

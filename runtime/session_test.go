@@ -289,6 +289,27 @@ while True:
 	})
 }
 
+// A process the code detached (its own session, its parent gone, so an
+// orphan of the init) is frozen with the rest: it uses no CPU between
+// calls.
+func TestSessionFrozenDetached(t *testing.T) {
+	forEachSessionRuntime(t, func(t *testing.T, h *harness) {
+		s := h.newSession()
+		res := s.run(`import subprocess, sys, time
+spin = "import os\nif os.fork():\n    os._exit(0)\nos.setsid()\nopen('spinning', 'w').close()\nwhile True:\n    pass"
+subprocess.run([sys.executable, "-c", spin], start_new_session=True)
+import os
+while not os.path.exists("spinning"):
+    time.sleep(0.01)`)
+		if res.ExitCode != 0 || res.Ended != "" {
+			t.Fatalf("detaching a spinner: exit %d, ended %q, stderr %s", res.ExitCode, res.Ended, res.Stderr)
+		}
+		if used, allowed := idleCPU(t, h, s); used > allowed {
+			t.Errorf("between calls a detached spinner used %v of CPU in %v, want at most %v", used, idleWindow, allowed)
+		}
+	})
+}
+
 // Code that arranged to wake itself (a timer whose signal is SIGCONT, due
 // once the call is over) does not run between calls either: the freezer
 // cgroup and gVisor's pause ignore it; the process runtime, whose stop it
