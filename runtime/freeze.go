@@ -352,7 +352,7 @@ func (fc *forkContainer) freeze() error { return freezeCgroups(fc.paths, true) }
 func (fc *forkContainer) thaw() error   { return freezeCgroups(fc.paths, false) }
 
 // A gVisor sandbox: runsc pause, which stops every task of gVisor's
-// kernel, and resume (some 8 ms each here). Not the freezer cgroup: the
+// kernel, and resume (some 10 ms each here). Not the freezer cgroup: the
 // sentry drives its platform's stub processes with timeouts, and frozen
 // beside them under systrap it killed one and the sandbox with it. Paused,
 // the sentry itself idles (measured: about 0.3 ms of CPU a second).
