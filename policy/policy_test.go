@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 func TestCapabilitiesAllEmpty(t *testing.T) {
@@ -108,8 +109,9 @@ func TestSeccompCloneRules(t *testing.T) {
 			clone3 = &s.Syscalls[i]
 		}
 	}
-	if clone == nil || len(clone.Args) != 1 || clone.Args[0].Op != specs.OpMaskedEqual || clone.Args[0].Value != namespaceFlags || clone.Args[0].ValueTwo != 0 {
-		t.Errorf("clone rule = %+v, want allow only when no namespace flag is set", clone)
+	if clone == nil || len(clone.Args) != 1 || clone.Args[0].Op != specs.OpMaskedEqual || clone.Args[0].Value != refusedCloneFlags || clone.Args[0].ValueTwo != 0 ||
+		clone.Args[0].Value&unix.CLONE_PARENT == 0 || clone.Args[0].Value&unix.CLONE_NEWUSER == 0 {
+		t.Errorf("clone rule = %+v, want allow only when no namespace flag and no CLONE_PARENT is set", clone)
 	}
 	if clone3 == nil || clone3.Action != specs.ActErrno || clone3.ErrnoRet == nil || *clone3.ErrnoRet != 38 {
 		t.Errorf("clone3 rule = %+v, want ENOSYS so libc falls back to clone", clone3)

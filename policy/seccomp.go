@@ -60,6 +60,15 @@ const namespaceFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC 
 	unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP |
 	unix.CLONE_NEWTIME
 
+// refusedCloneFlags are the clone flags the sandbox refuses: a namespace,
+// or CLONE_PARENT, which makes the child a sibling of its maker: a child
+// of whatever made the sandbox's process. In a forked sandbox that is the
+// template's interpreter, outside the call's pid namespace; a child it
+// never waits for would keep the call's pid namespace, and the template,
+// from ever ending. Nothing a script runs needs it (fork, threads and
+// posix_spawn do not use it).
+const refusedCloneFlags = namespaceFlags | unix.CLONE_PARENT
+
 // Seccomp returns the sandbox's seccomp filter for the architecture the
 // server was built for.
 //
@@ -67,7 +76,8 @@ const namespaceFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC 
 // profiles/seccomp), evaluated for a process with no capabilities, then
 // removes DeniedSyscalls from it. Anything not allowed fails with EPERM,
 // never a kill, so a Python that probes an interface gets an exception it can
-// handle. clone is allowed only without namespace flags; clone3, whose flags
+// handle. clone is allowed only without namespace flags or CLONE_PARENT
+// (refusedCloneFlags); clone3, whose flags
 // sit behind a pointer that seccomp cannot read, fails with ENOSYS so that
 // the C library falls back to clone, where the flags are checked.
 func Seccomp() *specs.LinuxSeccomp {
@@ -117,7 +127,7 @@ func seccompFor(goarch string) *specs.LinuxSeccomp {
 			Names:  []string{"clone"},
 			Action: specs.ActAllow,
 			Args: []specs.LinuxSeccompArg{{
-				Index: cloneFlagsArg, Value: namespaceFlags, ValueTwo: 0, Op: specs.OpMaskedEqual,
+				Index: cloneFlagsArg, Value: refusedCloneFlags, ValueTwo: 0, Op: specs.OpMaskedEqual,
 			}},
 		},
 		specs.LinuxSyscall{

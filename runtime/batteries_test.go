@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/runtime"
 )
@@ -21,6 +22,7 @@ func TestBatteriesTypicalAnalysis(t *testing.T) {
 	for _, v := range variants(t) {
 		kind := v.kind
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, policy.DefaultLimits())
 			withBatteries(t, h)
 

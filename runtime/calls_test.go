@@ -15,7 +15,7 @@ import (
 // codes and stdin, ordinary Python.
 
 func TestTimeoutKillsDetachedDescendants(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
 		start := time.Now()
 		res := h.mustRun(`import os, sys, time
 if os.fork() == 0:
@@ -60,7 +60,7 @@ print("parent done")`, withTimeout(60*time.Second))
 }
 
 func TestOutputFloodIsTruncatedNotBlocked(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
 		const capBytes = 1 << 20
 		res := h.mustRun(`import sys
 chunk = b"x" * (1 << 20)
@@ -82,7 +82,7 @@ sys.stderr.write("done")`, withMaxOutput(capBytes), withTimeout(120*time.Second)
 }
 
 func TestOutputBytesPassThrough(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
 		res := h.mustRun(`import sys
 sys.stdout.buffer.write(b"\xff\xfe ok \xe2\x82")
 sys.stderr.buffer.write(b"err \x80")`)
@@ -93,7 +93,7 @@ sys.stderr.buffer.write(b"err \x80")`)
 }
 
 func TestExitCodesAndStdin(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modePooled|modeSession, func(t *testing.T, h *harness) {
 		for _, tc := range []struct {
 			code string
 			want int
@@ -122,7 +122,7 @@ func TestExitCodesAndStdin(t *testing.T) {
 }
 
 func TestOrdinaryPythonWorks(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeBatteries, func(t *testing.T, h *harness) {
 		res := h.mustRun(`import json, sqlite3, decimal, ssl, hashlib, subprocess, sys, threading, multiprocessing, tempfile, locale
 threads = [threading.Thread(target=lambda: sum(range(10000))) for _ in range(16)]
 [t.start() for t in threads]; [t.join() for t in threads]
@@ -148,7 +148,7 @@ if __name__ == "__main__":
 }
 
 func TestCancelKillsAtOnce(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(time.Second, cancel)
 		start := time.Now()
@@ -167,7 +167,7 @@ func TestCancelKillsAtOnce(t *testing.T) {
 // later call is a cell of the same __main__: the script's name stays, its
 // traceback names the cell, and the session's timeout owns SIGINT.
 func TestCodeRunsAsAScript(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
 		wantOut, wantLine := "__main__ main.py main.py 1 True True True\n", "main.py\", line 7, in <module>"
 		if h.session {
 			wantOut, wantLine = "__main__ main.py main.py 1 True True False\n", "<cell 2>\", line 7, in <module>"
@@ -194,7 +194,7 @@ f()`)
 // message and status are the interpreter's. (A forked interpreter ends
 // without tearing down what its template made: see driver.py's _end.)
 func TestInterpreterEndsAsAScript(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
 		res := h.mustRun(`import atexit, os, sys, threading, time
 class Noisy:
     def __del__(self):

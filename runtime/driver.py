@@ -333,10 +333,22 @@ def _zygote():
             os.dup2(fd, i)
         os.closerange(len(fds), max(os.sysconf("SC_OPEN_MAX"), 1024))
 
+    def reseed():
+        # No generator state of the template's goes on in a fork: two calls
+        # of one template (two clients, maybe) never draw the same numbers
+        # nor share a secret. CPython reseeds random itself at fork; what
+        # else a preload may have seeded at import is reseeded here, from
+        # the kernel's entropy, for each module the template holds. A
+        # module the code imports later seeds itself in the fork.
+        for name, again in _RESEED:
+            m = sys.modules.get(name)
+            if m is not None:
+                again(m)
+
     def code_process(uid, gid, prog, pidfd, ends):
         # The code's process: in the call's namespaces (its pid namespace
-        # already), its pipes on 0 to 4 and nothing else open, confined.
-        # It returns to run the code.
+        # already), its pipes on 0 to 4 and nothing else open, confined,
+        # its generators reseeded. It returns to run the code.
         placed = False
         try:
             z.detach()  # its number is one of the code's pipes from now on
@@ -344,6 +356,7 @@ def _zygote():
             place(ends)
             placed = True
             confine(uid, gid, prog)
+            reseed()
         except BaseException as e:
             try:
                 os.write(2 if placed else ends[2], ("mcp-exec: the forked interpreter could not be confined: %s\n" % e).encode())
@@ -384,8 +397,21 @@ def _zygote():
         except OSError:
             pass  # the call's init is gone: the call is over anyway
         os.close(status)
+        reap_rest()
         z.send(b"@Z_REAPED@")
         return False
+
+    def reap_rest():
+        # Every other child of this interpreter is the call's too: one the
+        # code made its sibling (clone with CLONE_PARENT, which the filter
+        # refuses). Until each is reaped the call's pid namespace cannot
+        # end, nor the template serve the next call; the call's end kills
+        # them (its init's death ends its pid namespace).
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
 
     # What the driver and the end of a fork import, imported once here.
     import ast, atexit, linecache, signal, types  # noqa: F401
@@ -416,6 +442,29 @@ def _zygote():
         if fork(msg[1:], fds):
             # The modules every fork starts with: the rest are its code's.
             return base
+
+
+def _reseed_multiprocessing(m):
+    # Its authkey authenticates the code's own processes to each other.
+    m.current_process().authkey = os.urandom(32)
+
+
+def _reseed_tempfile(m):
+    # Its name generator reseeds only when the pid changes, and a fork's
+    # pid may be the template's (both are 2 in their namespaces).
+    m._name_sequence = None
+
+
+# What a fork reseeds of the modules the template imported (reseed, in
+# _zygote): numpy's legacy global RandomState (np.random.rand, choice,
+# shuffle, pandas' and scikit-learn's random_state=None), the
+# multiprocessing authkey, tempfile's names. docs/sandbox.md says what a
+# preload may still share.
+_RESEED = (
+    ("numpy.random", lambda m: m.seed()),
+    ("multiprocessing", _reseed_multiprocessing),
+    ("tempfile", _reseed_tempfile),
+)
 
 
 def _exit_status(e):

@@ -1,7 +1,10 @@
 package runtime
 
 import (
+	"testing"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/inhuman/mcp-exec/bundle"
 )
@@ -34,12 +37,13 @@ func InstanceDir(rt Runtime) string {
 	return ""
 }
 
-// WithoutSupervisionTimer runs f with the supervision's own timeout
-// timer off, as if it had failed: only the watchdog can end a call then.
-func WithoutSupervisionTimer(f func()) {
+// WithoutSupervisionTimer turns the supervision's own timeout timer off,
+// as if it had failed, until t and its subtests end: only the watchdog
+// can end a call then. A test calls it before its subtests start, which
+// run in parallel.
+func WithoutSupervisionTimer(t testing.TB) {
 	supervisionTimer = false
-	defer func() { supervisionTimer = true }()
-	f()
+	t.Cleanup(func() { supervisionTimer = true })
 }
 
 // WatchdogGrace is how long past its timeout a call may run.
@@ -74,4 +78,21 @@ func SessionCPU(s *Session) time.Duration {
 		return time.Duration(ticks) * 10 * time.Millisecond
 	}
 	return s.sb.c.cpu()
+}
+
+// WithForkSeccomp runs f with the filters of templates made in it, and of
+// their forks, edited by edit: a hole a test opens to attack what stands
+// behind the filter.
+func WithForkSeccomp(edit func(*specs.LinuxSeccomp), f func()) {
+	forkSeccompEdit = edit
+	defer func() { forkSeccompEdit = nil }()
+	f()
+}
+
+// WithReapTimeout runs f with templates given d to report a call reaped.
+func WithReapTimeout(d time.Duration, f func()) {
+	old := reapTimeout
+	reapTimeout = d
+	defer func() { reapTimeout = old }()
+	f()
 }

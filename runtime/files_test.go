@@ -17,7 +17,7 @@ import (
 // /tmp/outputs starts empty and its regular files come back, never what a
 // symlink points to, never a device or a FIFO, within the limits.
 func TestFilesInAndOut(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
 		h.cfg.MaxFiles, h.cfg.MaxFileBytes = 5, 1<<20
 		// Relative to the working dir: /tmp in a container, the process
 		// runtime's call dir.
@@ -82,7 +82,7 @@ print(json.dumps(out))`, withFiles(
 // hundred thousand files, a deep tree, files still being written when the
 // code's main process exits.
 func TestOutputsAreBounded(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
 		h.cfg.MaxFiles, h.cfg.MaxFileBytes = 20, 1<<20
 		start := time.Now()
 		res := h.mustRun(`import os, subprocess, sys
@@ -119,7 +119,7 @@ subprocess.Popen([sys.executable, "-c", "import time\nf = open('growing', 'ab')\
 // Outputs the code made unreadable are reported, not silently missing:
 // files_truncated, and a note at the end of the stderr.
 func TestUnreadableOutputsAreReported(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
 		for _, tc := range []struct {
 			name, code string
 			files      int

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -19,6 +20,7 @@ import (
 	"github.com/opencontainers/cgroups/manager"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
@@ -91,10 +93,35 @@ func (c *ForkConfig) setDefaults() {
 // the call's init in its cgroups. A variable for tests.
 var forkTimeout = 10 * time.Second
 
+// reapTimeout bounds the wait for a template to say a call's processes
+// are all reaped, from the call's first kill: a template that does not
+// (its interpreter stopped, or a child of it it cannot reap) is killed
+// and replaced, so that no call keeps a template, its call slot and its
+// processes for ever. A variable for tests.
+var reapTimeout = 5 * time.Second
+
 // forkUID, when set, is the uid a fork's code process is asked to take
 // instead of its bundle's: tests play a template whose forks are not
 // confined, which the call's init must refuse.
 var forkUID *uint32
+
+// forkSeccompEdit, when set, edits the filters of templates and their
+// forks: tests open a hole in it to attack what stands behind it.
+var forkSeccompEdit func(*specs.LinuxSeccomp)
+
+// editedSeccomp is s, or a copy of it forkSeccompEdit edited.
+func editedSeccomp(s *specs.LinuxSeccomp) *specs.LinuxSeccomp {
+	if forkSeccompEdit == nil || s == nil {
+		return s
+	}
+	c := *s
+	c.Syscalls = slices.Clone(s.Syscalls)
+	for i := range c.Syscalls {
+		c.Syscalls[i].Args = slices.Clone(c.Syscalls[i].Args)
+	}
+	forkSeccompEdit(&c)
+	return &c
+}
 
 // TemplatePrefix begins the id of every template: its bundle, container
 // state and cgroups are an instance's, not a call's.
@@ -239,6 +266,7 @@ func (ts *templates) start(ctx context.Context, b *bundle.Bundle) (*template, er
 		tb.Remove()
 		return nil, fmt.Errorf("%w: %w: %w", ErrSandbox, errFork, err)
 	}
+	tb.Spec.Linux.Seccomp = editedSeccomp(tb.Spec.Linux.Seccomp)
 	sb, err := prepare(ctx, &ts.rt.live, tb, &lcContainer{rt: ts.rt, b: tb, template: true})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -293,7 +321,7 @@ func (ts *templates) setup(b *bundle.Bundle) (*forkedSetup, error) {
 	if linux.Seccomp == nil {
 		return nil, errors.New("the spec has no seccomp filter")
 	}
-	bpf, err := ts.rt.seccompFilter(linux.Seccomp)
+	bpf, err := ts.rt.seccompFilter(editedSeccomp(linux.Seccomp))
 	if err != nil {
 		return nil, err
 	}
@@ -437,6 +465,10 @@ type forkContainer struct {
 	forked bool
 	reaped chan struct{}
 	broken bool // the template failed this fork
+	// bounded: the wait for reaped is bounded (killed once); gaveUp: the
+	// template did not report in time and was killed.
+	bounded sync.Once
+	gaveUp  atomic.Bool
 }
 
 // callControllers are the cgroup v1 controllers a forked sandbox has
@@ -614,14 +646,34 @@ func (fc *forkContainer) initConfig() (*initConfig, error) {
 
 // kill SIGKILLs every process of the call's cgroups (all of them are in
 // each): its init, pid 1 of the call's pid namespace, takes the rest with
-// it.
+// it. From the first kill on, the template has reapTimeout to say so.
 func (fc *forkContainer) kill() {
 	for _, c := range []string{"freezer", "memory", ""} {
 		if p, ok := fc.paths[c]; ok {
 			killCgroupProcs(p)
-			return
+			break
 		}
 	}
+	if fc.forked {
+		fc.bounded.Do(func() { go fc.boundReap() })
+	}
+}
+
+// boundReap kills the template when it has not reported the call reaped
+// within reapTimeout: its end ends the wait (awaitReaped), and it is
+// replaced, never given another call.
+func (fc *forkContainer) boundReap() {
+	timer := time.NewTimer(reapTimeout)
+	defer timer.Stop()
+	select {
+	case <-fc.reaped:
+		return
+	case <-timer.C:
+	}
+	fc.gaveUp.Store(true)
+	fc.rt.cfg.Logger.Warn("a template did not report a call's processes reaped; replacing it",
+		"template", fc.tpl.sb.id, "sandbox", fc.b.ID, "after", reapTimeout)
+	fc.tpl.sb.c.kill()
 }
 
 func (fc *forkContainer) verdict(res *Result)           { cgroupVerdict(fc.paths, res) }
@@ -663,7 +715,7 @@ func (fc *forkContainer) destroy() error {
 		if fc.reaped != nil {
 			<-fc.reaped
 		}
-		fc.rt.templates.release(fc.tpl, !fc.broken)
+		fc.rt.templates.release(fc.tpl, !fc.broken && !fc.gaveUp.Load())
 	}
 	var errs []error
 	for _, p := range fc.paths {

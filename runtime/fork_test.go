@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/internal/testenv"
@@ -76,6 +77,7 @@ type forked struct {
 // and /tmp holds only the outputs dir, whatever the template's forks
 // before it wrote.
 func TestForkedSandboxIsFresh(t *testing.T) {
+	testenv.Parallel(t)
 	cold := newHarness(t, runtime.Libcontainer, policy.DefaultLimits())
 	var container forked
 	cold.probe(forkedProbe, &container)
@@ -109,6 +111,7 @@ open("/tmp/left-by-%d" % os.getpid(), "w").write("x")`, &got)
 // the same template: not its modules, builtins, import path, environment,
 // working directory, signal handlers or open files.
 func TestForkedCallsDoNotMeet(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarness(t, policy.DefaultLimits())
 	h.mustRun(`import builtins, json, os, signal, sys
 builtins.LEAK = 1
@@ -138,46 +141,61 @@ print(json.dumps({"Builtins": hasattr(builtins, "LEAK"), "JSON": hasattr(json, "
 	}
 }
 
-// random is reseeded in each fork (CPython does it at fork), even where
-// the template imported it: two calls of one template draw differently.
-// Were it not, every call of a template would draw the same numbers. A
-// preload makes the template import it.
-func TestForkedRandomIsReseeded(t *testing.T) {
+// No generator state of a template goes on in its forks: random (CPython
+// reseeds it at fork), numpy's legacy global RandomState (np.random.*,
+// pandas' sample with random_state=None), the multiprocessing authkey and
+// tempfile's names all differ across 10 forks of one template that
+// preloaded them. Were they not reseeded, every call of a template — of
+// different clients, maybe — would draw the same numbers.
+func TestForkedGeneratorsAreReseeded(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarness(t, policy.DefaultLimits())
 	py, err := rootfs.FindPython(context.Background(), "")
 	if err != nil {
 		need(t, "the host's python3: %v", err)
 	}
-	dir, err := rootfs.Ensure(context.Background(), py, rootfs.Options{Preload: []string{"random"}}, rootfs.DefaultCacheDir(), nil)
+	opts := rootfs.Options{Packages: []string{"numpy", "pandas"}, Preload: []string{"random", "numpy", "pandas", "multiprocessing", "tempfile"}}
+	dir, err := rootfs.Ensure(context.Background(), py, opts, rootfs.DefaultCacheDir(), nil)
 	if err != nil {
-		t.Fatalf("a rootfs that preloads random: %v", err)
+		need(t, "a rootfs that preloads numpy and pandas: %v", err)
 	}
 	h.cfg.Rootfs = dir
-	seen := map[string]bool{}
+	seen := map[string]map[string]bool{}
 	var hash string
-	for i := 0; i < 3; i++ {
-		res := h.mustRun(`import sys
-preloaded = "random" in sys.modules
-import random
-print(preloaded, random.getrandbits(128), hash("mcp-exec"))`)
-		f := strings.Fields(string(res.Stdout))
-		if len(f) != 3 || f[0] != "True" {
-			t.Fatalf("stdout %q (stderr %s): want random preloaded, a number, a hash", res.Stdout, res.Stderr)
+	for i := 0; i < 10; i++ {
+		var got map[string]string
+		h.probe(`import sys, json
+preloaded = all(m in sys.modules for m in ("random", "numpy", "pandas", "multiprocessing", "tempfile"))
+import random, multiprocessing, tempfile
+import numpy as np, pandas as pd
+print(json.dumps({"preloaded": str(preloaded), "hash": str(hash("mcp-exec")),
+    "random": repr(random.random()), "numpy": repr(np.random.random()),
+    "sample": repr(list(pd.DataFrame({"x": range(1000)}).sample(5)["x"])),
+    "authkey": multiprocessing.current_process().authkey.hex(),
+    "tempfile": next(tempfile._get_candidate_names())}))`, &got)
+		if got["preloaded"] != "True" {
+			t.Fatalf("call %d: %v: want the modules preloaded by the template", i, got)
 		}
-		if seen[f[1]] {
-			t.Errorf("call %d drew %s again: random is not reseeded in forks", i, f[1])
+		if hash != "" && got["hash"] != hash {
+			t.Fatalf("call %d came from another template: the check compares forks of one only", i)
 		}
-		seen[f[1]] = true
-		if hash != "" && f[2] != hash {
-			t.Fatalf("call %d came from another template: the check above did not compare forks of one", i)
+		hash = got["hash"]
+		for _, k := range []string{"random", "numpy", "sample", "authkey", "tempfile"} {
+			if seen[k] == nil {
+				seen[k] = map[string]bool{}
+			}
+			if seen[k][got[k]] {
+				t.Errorf("call %d: %s gave %s again: not reseeded in forks", i, k, got[k])
+			}
+			seen[k][got[k]] = true
 		}
-		hash = f[2]
 	}
 }
 
 // A template serves at most MaxCalls calls: then its forks' interpreter,
 // and so its hash secret and address-space layout, is a new one.
 func TestForkedTemplateReplacedAfterMaxCalls(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true, MaxCalls: 2}, true)
 	var hashes []int64
 	for i := 0; i < 3; i++ {
@@ -192,6 +210,7 @@ func TestForkedTemplateReplacedAfterMaxCalls(t *testing.T) {
 
 // Past MaxAge a template is replaced too.
 func TestForkedTemplateReplacedAfterMaxAge(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true, MaxAge: time.Second}, true)
 	var first forked
 	h.probe(forkedProbe, &first)
@@ -224,6 +243,7 @@ func (h *harness) zygotes() []int {
 // A template whose interpreter died is replaced: the next call is a fork
 // of a new one, not a failure and not a fresh container.
 func TestForkedDeadTemplateReplaced(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarness(t, policy.DefaultLimits())
 	var first forked
 	h.probe(forkedProbe, &first)
@@ -311,6 +331,7 @@ func TestForkedUnconfinedIsRefused(t *testing.T) {
 // Calls at once run on templates of their own, each in its call slot:
 // concurrency makes templates, and they serve later calls.
 func TestForkedConcurrentCallsUseTemplatesOfTheirOwn(t *testing.T) {
+	testenv.Parallel(t)
 	h := newForkHarness(t, policy.DefaultLimits())
 	var wg sync.WaitGroup
 	hashes := make([]int64, 3)
@@ -335,5 +356,112 @@ func TestForkedConcurrentCallsUseTemplatesOfTheirOwn(t *testing.T) {
 	}
 	if st := h.forking(); st.Idle != 3 {
 		t.Errorf("templates idle after: %d, want 3", st.Idle)
+	}
+}
+
+// instanceProcs lists the pids of every process in h's instance's cgroups:
+// its templates', its calls'.
+func (h *harness) instanceProcs() []int {
+	inst := runtime.InstanceID(h.rt)
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup")); strings.Contains(string(cg), inst) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// allowCloneParent opens the hole in the filter that the attack below
+// goes through: clone with CLONE_PARENT, which the policy refuses.
+func allowCloneParent(s *specs.LinuxSeccomp) {
+	for i, r := range s.Syscalls {
+		if slices.Equal(r.Names, []string{"clone"}) && len(r.Args) == 1 {
+			s.Syscalls[i].Args[0].Value &^= syscall.CLONE_PARENT
+		}
+	}
+}
+
+// cloneParentAttack makes a child whose parent is the code's parent — in a
+// forked sandbox the template's interpreter, outside the call's pid
+// namespace — and returns at once, leaving it to whoever reaps it.
+const cloneParentAttack = `import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+pid = libc.syscall(56, 0x8000 | signal.SIGCHLD, 0, 0, 0, 0)
+if pid == 0:
+    os._exit(0)
+print(pid, ctypes.get_errno())`
+
+// A child the code made its template interpreter's (CLONE_PARENT, were
+// the filter to let it through) is reaped by the template like the
+// code's own process: the call ends, and the template serves the next,
+// with no process, template or call slot left behind. The filter is
+// opened for this test (TestSeccompDeniesDangerousSyscalls keeps it
+// shut); without the zygote reaping every child, each call's pid
+// namespace stays up and the template either wedges for good or, with
+// the bound on its report, is killed and replaced after every call.
+func TestForkedCloneParentChildIsReaped(t *testing.T) {
+	h := newForkHarness(t, policy.DefaultLimits())
+	runtime.WithForkSeccomp(allowCloneParent, func() {
+		h.mustRun("print(1)")
+		z := h.zygotes()
+		before := len(h.instanceProcs())
+		if len(z) != 1 {
+			t.Fatalf("template interpreters %v, want one", z)
+		}
+		for i := 0; i < 20; i++ {
+			res := h.mustRun(cloneParentAttack)
+			f := strings.Fields(string(res.Stdout))
+			if len(f) != 2 || f[0] == "-1" {
+				t.Fatalf("call %d: stdout %q stderr %q: the clone was refused, so this test attacks nothing", i, res.Stdout, res.Stderr)
+			}
+		}
+		testenv.Eventually(t, "the instance's processes back to what they were", func() bool {
+			return len(h.instanceProcs()) <= before
+		})
+		if got := h.zygotes(); !slices.Equal(got, z) {
+			t.Errorf("template interpreters after 20 calls %v, want the one that served them all, %v", got, z)
+		}
+		if st := h.forking(); st.Forks != 21 || st.Idle != 1 || st.Busy != 0 || st.LastError != "" {
+			t.Errorf("forking after 21 calls: %+v; want 21 forks of one template, idle", st)
+		}
+	})
+}
+
+// A template that does not report a call reaped (its interpreter stopped
+// mid-call, so the code's process is never waited for) is killed within
+// the bound once the call ends, and replaced: it does not keep its call
+// slot and processes for ever, and the next call is a fork of a new one.
+func TestForkedUnreportedReapReplacesTemplate(t *testing.T) {
+	h := newForkHarness(t, policy.DefaultLimits())
+	var first forked
+	h.probe(forkedProbe, &first)
+	z := h.zygotes()
+	if len(z) != 1 {
+		t.Fatalf("template interpreters %v, want one", z)
+	}
+	defer syscall.Kill(z[0], syscall.SIGCONT)
+	runtime.WithReapTimeout(time.Second, func() {
+		done := make(chan runtime.Result, 1)
+		go func() {
+			res, _ := h.run(`import time; time.sleep(1)`, func(o *runOpts) { o.timeout = 3 * time.Second })
+			done <- res
+		}()
+		testenv.Eventually(t, "the call's code to run", func() bool { return len(h.instanceProcs()) > 3 })
+		syscall.Kill(z[0], syscall.SIGSTOP)
+		<-done
+		testenv.EventuallyWithin(t, 30*time.Second, "the template that did not report to be gone", func() bool {
+			return !slices.Contains(h.zygotes(), z[0])
+		})
+	})
+	var got forked
+	h.probe(forkedProbe, &got)
+	if got.PID != 2 || got.Hash == first.Hash {
+		t.Errorf("after its template was given up a call ran as %+v; want a fork of a new template", got)
 	}
 }

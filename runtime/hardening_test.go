@@ -30,7 +30,7 @@ import (
 // cleared a Python init's parent-death signal), nor read its environment,
 // nor signal it.
 func TestInitIsOutOfReach(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
 		var got map[string]any
 		h.probe(`import errno, json, os, signal
 out = {}
@@ -79,7 +79,7 @@ print(json.dumps(out))`, &got)
 // mknod makes no device node, even in /tmp (gVisor would allow it there);
 // FIFOs work.
 func TestNoDeviceNodes(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
 		var got map[string]int
 		h.probe(`import json, os, stat
 out = {}
@@ -104,7 +104,7 @@ print(json.dumps(out))`, &got)
 func TestHostIdentityHidden(t *testing.T) {
 	hostCmdline, _ := os.ReadFile("/proc/cmdline")
 	hostBootID, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeNone, func(t *testing.T, h *harness) {
 		var got map[string]string
 		h.probe(`import json
 out = {}
@@ -142,6 +142,7 @@ func TestBindsReadOnlyAllTheWayDown(t *testing.T) {
 	for _, v := range variants(t) {
 		kind := v.kind
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, policy.DefaultLimits())
 			withBatteries(t, h)
 			sub := filepath.Join(h.cfg.PackagesDir, "submount")
@@ -195,7 +196,7 @@ print(json.dumps(out))`, h.cfg.PackagesMount), &got)
 // exhausts its inotify instances and POSIX message queue bytes leaves the
 // other both.
 func TestPerUserLimitsNotShared(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) { perUserLimitsNotShared(t, h, h) })
+	forEachRuntime(t, modeNone, func(t *testing.T, h *harness) { perUserLimitsNotShared(t, h, h) })
 }
 
 // Nor do two calls of two server instances (each stdio client starts
@@ -344,6 +345,7 @@ func TestSocketMemoryIsBounded(t *testing.T) {
 	for _, v := range variants(t) {
 		kind := v.kind
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, limits)
 			busy(t, 2)
 			protos := []string{"tcp", "udp", "tcp-many", "tcp", "udp", "tcp-many", "tcp", "udp"}
@@ -485,15 +487,12 @@ time.sleep(1)
 // not: with the supervision's own timer off, as if it had failed, the
 // watchdog kills the container.
 func TestWatchdogEnforcesDeadline(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
-		var res runtime.Result
-		var err error
+	runtime.WithoutSupervisionTimer(t)
+	forEachRuntime(t, modeSession, func(t *testing.T, h *harness) {
 		// The test's own bound, should the watchdog fail too.
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		runtime.WithoutSupervisionTimer(func() {
-			res, err = h.run("import time; time.sleep(600)", withTimeout(time.Second), withContext(ctx))
-		})
+		res, err := h.run("import time; time.sleep(600)", withTimeout(time.Second), withContext(ctx))
 		if err != nil {
 			t.Fatalf("the call outlived its timeout and the watchdog's grace by far: %v", err)
 		}
@@ -736,6 +735,7 @@ func backstopServer(t *testing.T, stateDir string, kind runtime.Kind, fork, sess
 func TestPreparedSandboxGetsCallWeight(t *testing.T) {
 	for _, v := range variants(t) {
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, policy.DefaultLimits())
 			cfg := h.cfg
 			cfg.Ahead = true

@@ -176,67 +176,116 @@ func (v variant) harness(t *testing.T, limits policy.Limits) *harness {
 	return newHarness(t, v.kind, limits)
 }
 
-// forEachRuntime runs f as a subtest per container runtime, on sandboxes
-// prepared for each call, again on sandboxes a pool prepared ahead
-// ("-pooled"), and again on the rootfs with packages and a shell, a
-// packages dir mounted ("-batteries"): every property must hold for all.
-func forEachRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
+// A mode is a way of making a sandbox that can change a property. Each
+// property test declares the modes that can change it; by default it runs
+// once on each runtime plus once per declared mode, and under
+// MCP_EXEC_TEST_MATRIX=full in every mode (testenv.Full).
+type mode uint
+
+const (
+	// modeNone: a property no mode can change, run plainly on each runtime.
+	modeNone mode = 0
+	// modePooled: the sandbox was prepared ahead by a pool, before its call:
+	// for what preparation touches (the interpreter, the environment,
+	// the working dir, the limits' accounting).
+	modePooled mode = 1 << (iota - 1)
+	// modeSession: the call is a persistent session's second, after a call
+	// that left a variable, a file and a thread: for what a call must not
+	// inherit, and what a session's sandbox must still hold.
+	modeSession
+	// modeBatteries: the rootfs with packages and a shell, a packages dir
+	// mounted: for mounts, imports and the shell.
+	modeBatteries
+	// modeOldGVisor: Debian's runsc (2022-12, ptrace), the fallback when
+	// the pinned current gVisor is not installed: for what a syscall-level
+	// difference between gVisor versions can change.
+	modeOldGVisor
+
+	allModes = modePooled | modeSession | modeBatteries | modeOldGVisor
+)
+
+// run says whether a property that declared modes runs in m.
+func (modes mode) run(m mode) bool { return testenv.Full() || modes&m != 0 }
+
+// forEachRuntime runs f as a parallel subtest on each container runtime
+// (libcontainer, its forks of a template, runsc), each on a sandbox
+// prepared for its call, and again in each mode the property declares.
+func forEachRuntime(t *testing.T, modes mode, f func(t *testing.T, h *harness)) {
 	t.Helper()
 	testenv.Real(t)
-	forEachContainerRuntime(t, f)
+	forEachContainerRuntime(t, modes, f)
 }
 
 // forEachRuntimeAndProcess is forEachRuntime for a property the process
-// runtime claims too: it runs f on the process runtime first, per call
-// and pooled, which needs neither root nor containers, so that make unit
-// (-short) runs it; then on the container runtimes when the machine has
-// them.
-func forEachRuntimeAndProcess(t *testing.T, f func(t *testing.T, h *harness)) {
+// runtime claims too: it runs f on the process runtime first (and pooled
+// or in a session when declared), which needs neither root nor
+// containers, so that make unit (-short) runs it; then on the container
+// runtimes when the machine has them.
+func forEachRuntimeAndProcess(t *testing.T, modes mode, f func(t *testing.T, h *harness)) {
 	t.Helper()
-	t.Run("process", func(t *testing.T) { f(t, newProcessHarness(t, policy.DefaultLimits())) })
-	t.Run("process-pooled", func(t *testing.T) {
-		h := newProcessHarness(t, policy.DefaultLimits())
-		h.pooled = true
-		f(t, h)
-	})
-	t.Run("process-session", func(t *testing.T) {
-		h := newProcessHarness(t, policy.DefaultLimits())
-		h.session = true
-		f(t, h)
-	})
+	for _, m := range []struct {
+		suffix string
+		mode   mode
+		set    func(h *harness)
+	}{
+		{"", 0, func(*harness) {}},
+		{"-pooled", modePooled, func(h *harness) { h.pooled = true }},
+		{"-session", modeSession, func(h *harness) { h.session = true }},
+	} {
+		if m.mode != 0 && !modes.run(m.mode) {
+			continue
+		}
+		t.Run("process"+m.suffix, func(t *testing.T) {
+			testenv.Parallel(t)
+			h := newProcessHarness(t, policy.DefaultLimits())
+			m.set(h)
+			f(t, h)
+		})
+	}
 	if testing.Short() {
 		return
 	}
-	forEachContainerRuntime(t, f)
+	forEachContainerRuntime(t, modes, f)
 }
 
-func forEachContainerRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
+// containerModes are the modes a container runtime's sandbox can be made
+// in, besides the plain one.
+var containerModes = []struct {
+	suffix string
+	mode   mode
+	set    func(t *testing.T, h *harness)
+}{
+	{"-pooled", modePooled, func(_ *testing.T, h *harness) { h.pooled = true }},
+	{"-session", modeSession, func(_ *testing.T, h *harness) { h.session = true }},
+	{"-batteries", modeBatteries, withBatteries},
+}
+
+// forEachContainerRuntime runs f on each variant, and in each declared
+// mode on the variants a server uses by default (forks of a template, and
+// runsc): a fresh libcontainer container (MCP_EXEC_FORK=false) makes and
+// prepares its sandbox as those do, and gets its modes under the full
+// matrix.
+func forEachContainerRuntime(t *testing.T, modes mode, f func(t *testing.T, h *harness)) {
 	t.Helper()
-	// Each variant (libcontainer-fork: forked from a template, fork.go)
-	// per call, ahead of the call, on a session's sandbox that served a
-	// call before this one, and with what the batteries add: packages, a
-	// packages dir, a shell.
-	modes := []struct {
-		suffix string
-		set    func(t *testing.T, h *harness)
-	}{
-		{"", func(*testing.T, *harness) {}},
-		{"-pooled", func(_ *testing.T, h *harness) { h.pooled = true }},
-		{"-session", func(_ *testing.T, h *harness) { h.session = true }},
-		{"-batteries", withBatteries},
-	}
 	for _, v := range variants(t) {
-		for _, m := range modes {
+		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
+			f(t, v.harness(t, policy.DefaultLimits()))
+		})
+		for _, m := range containerModes {
+			if !modes.run(m.mode) || (v.kind == runtime.Libcontainer && !v.fork && !testenv.Full()) {
+				continue
+			}
 			t.Run(v.name+m.suffix, func(t *testing.T) {
+				testenv.Parallel(t)
 				h := v.harness(t, policy.DefaultLimits())
 				m.set(t, h)
 				f(t, h)
 			})
 		}
-		// Debian's runsc (2022-12, ptrace), the fallback when the pinned
-		// current gVisor is not installed.
-		if v.kind == runtime.Runsc {
+		if v.kind == runtime.Runsc && modes.run(modeOldGVisor) {
 			t.Run("runsc-debian", func(t *testing.T) {
+				testenv.Parallel(t)
 				f(t, newHarnessConfig(t, v.kind, policy.DefaultLimits(), runtime.Config{RunscPath: debianRunsc(t)}))
 			})
 		}

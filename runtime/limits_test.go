@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/runtime"
 )
@@ -18,6 +19,7 @@ func TestMemoryBombIsOOMKilled(t *testing.T) {
 	limits.MemoryBytes = 64 << 20
 	for _, v := range variants(t) {
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, limits)
 			res := h.mustRun(`b = []
 while True:
@@ -39,6 +41,7 @@ func TestForkBombIsContained(t *testing.T) {
 	for _, v := range variants(t) {
 		kind := v.kind
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			limits := policy.DefaultLimits()
 			limits.Pids = 32
 			if kind == runtime.Runsc {
@@ -101,6 +104,7 @@ func TestCPUQuota(t *testing.T) {
 	limits.CPUs = 0.1
 	for _, v := range variants(t) {
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, limits)
 			// Two processes spin for 2 s of wall-clock time. The host's
 			// cgroup says what they used and whether the quota held them
@@ -139,6 +143,7 @@ func TestTmpfsCountsAgainstMemory(t *testing.T) {
 	limits.TmpfsBytes = 256 << 20
 	for _, v := range variants(t) {
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, limits)
 			res := h.mustRun(`import sys
 n = 0

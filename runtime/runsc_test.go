@@ -33,6 +33,7 @@ import (
 // under CI=true) naming what this host lacks for it.
 func runscHarness(t *testing.T, limits policy.Limits) *harness {
 	t.Helper()
+	testenv.Parallel(t)
 	testRootfs(t)
 	if err := runtime.RunscUsable(runtime.Config{}); err != nil {
 		need(t, "%v", err)
@@ -244,6 +245,7 @@ out = {
   "ptrace": call(101, 0, 0, 0, 0),
   "unshare CLONE_NEWUSER": call(272, 0x10000000),
   "clone CLONE_NEWUSER": call(56, 0x10000000 | 17, 0, 0, 0, 0),
+  "clone CLONE_PARENT": call(56, 0x8000 | 17, 0, 0, 0, 0),
   "keyctl": call(250, 0, -3, 0),
   "mount": call(165, 0, 0, 0, 0, 0),
   "bpf": call(321, 0, 0, 0),
@@ -267,8 +269,8 @@ print(json.dumps(out))`, &got)
 			t.Errorf("%s: got %v, want %v", name, r, want)
 		}
 	}
-	if len(got) != 9 {
-		t.Errorf("probe answered %d calls, want 9: %v", len(got), got)
+	if len(got) != 10 {
+		t.Errorf("probe answered %d calls, want 10: %v", len(got), got)
 	}
 }
 

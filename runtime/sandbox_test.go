@@ -23,7 +23,7 @@ import (
 // saw; each would fail if the property it names were missing.
 
 func TestIdentity(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
 		var got struct {
 			UID, GID, EUID, EGID int
 			Groups               []int
@@ -52,7 +52,7 @@ print(json.dumps({"UID": os.getuid(), "GID": os.getgid(), "EUID": os.geteuid(), 
 }
 
 func TestCapabilitiesAndNoNewPrivsAndSeccompMode(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
 		var got struct {
 			Status   map[string]string
 			NNP      int
@@ -123,6 +123,9 @@ var deniedProbes = []struct {
 	{"unshare", 272, []int{0x10000000}}, // CLONE_NEWUSER succeeds unfiltered
 	{"setns", 308, []int{-1, 0}},
 	{"clone_newuser", 56, []int{0x10000000 | 17, 0, 0, 0, 0}},
+	// CLONE_PARENT | SIGCHLD: the child would be its maker's sibling, in a
+	// forked sandbox a child of the template's interpreter.
+	{"clone_parent", 56, []int{0x8000 | 17, 0, 0, 0, 0}},
 	{"kexec_load", 246, []int{0, 0, 0, 0}},
 	{"kexec_file_load", 320, []int{-1, -1, 0, 0, 0}},
 	{"init_module", 175, []int{0, 0, 0}},
@@ -163,7 +166,7 @@ out = {}
 		fmt.Fprintf(&b, "out[%q] = call(%d, %s)\n", p.name, p.nr, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(p.args)), ", "), "[]"))
 	}
 	b.WriteString("out['clone3'] = call(435, 0, 0)\nprint(json.dumps(out))\n")
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeOldGVisor, func(t *testing.T, h *harness) {
 		var got map[string][2]int
 		h.probe(b.String(), &got)
 		for _, p := range deniedProbes {
@@ -181,7 +184,7 @@ out = {}
 }
 
 func TestReadOnlyRoot(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeNone, func(t *testing.T, h *harness) {
 		var got map[string]int
 		h.probe(`import errno, json, os
 out = {}
@@ -229,6 +232,7 @@ func TestTmpIsSizedNoexecTmpfs(t *testing.T) {
 	for _, v := range variants(t) {
 		kind := v.kind
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, limits)
 			var got struct {
 				Cwd     string
@@ -329,7 +333,7 @@ func TestNoNetwork(t *testing.T) {
 	}
 	loPort := lo.Addr().(*net.TCPAddr).Port
 	allPort := all.Addr().(*net.TCPAddr).Port
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
 		var got struct {
 			Interfaces []string
 			Loopback   string
@@ -366,7 +370,7 @@ print(json.dumps({"Interfaces": [n for _, n in socket.if_nameindex()],
 }
 
 func TestNamespacesAndHostname(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeNone, func(t *testing.T, h *harness) {
 		var got struct {
 			Pid      int
 			Pids     []int
@@ -394,7 +398,7 @@ print(json.dumps({"Pid": os.getpid(), "Pids": sorted(int(p) for p in os.listdir(
 // The code is not pid 1, so signals behave as outside a container, and
 // orphans are reaped.
 func TestSignalsAndOrphans(t *testing.T) {
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
 		if res := h.mustRun(`import os, signal; os.kill(os.getpid(), signal.SIGTERM); print("survived")`); res.ExitCode != 128+15 || len(res.Stdout) != 0 {
 			t.Errorf("SIGTERM to itself: exit %d stdout %q, want 143 and nothing", res.ExitCode, res.Stdout)
 		}
@@ -429,7 +433,7 @@ func TestEnvironmentIsAllowlist(t *testing.T) {
 	const secret = "s3cret-token-that-must-not-leak"
 	t.Setenv("MCP_EXEC_AUTH_TOKEN", secret)
 	t.Setenv("SOME_HOST_SECRET", secret)
-	forEachRuntimeAndProcess(t, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modePooled|modeBatteries, func(t *testing.T, h *harness) {
 		res := h.mustRun(`import os, json
 print(json.dumps(dict(os.environ, CWD=os.getcwd())))
 print(open("/proc/self/environ", "rb").read().decode(errors="replace"))
@@ -476,7 +480,7 @@ func TestHostInvisible(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.Remove(marker)
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeBatteries, func(t *testing.T, h *harness) {
 		var got map[string]bool
 		h.probe(fmt.Sprintf(`import json, os
 paths = [%q, "/root", "/home", "/var", "/work", "/run", "/srv", "/opt", "/etc/shadow", "/etc/ssh",
@@ -498,7 +502,7 @@ print(json.dumps(out))`, marker), &got)
 }
 
 func TestMaskedProc(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
 		var got struct {
 			Contents map[string]int
 			SysWrite int
@@ -537,7 +541,7 @@ print(json.dumps({"Contents": c, "SysWrite": w, "SysRO": ro}))`, &got)
 }
 
 func TestDevContents(t *testing.T) {
-	forEachRuntime(t, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
 		var got struct {
 			Chars []string
 			Other []string

@@ -52,15 +52,22 @@ func (s *sessionHarness) run(code string, opts ...func(*runOpts)) runtime.Result
 // forEachSessionRuntime runs f on each runtime, the process runtime first
 // (make unit runs it).
 func forEachSessionRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
-	t.Run("process", func(t *testing.T) { f(t, newProcessHarness(t, policy.DefaultLimits())) })
+	t.Run("process", func(t *testing.T) {
+		testenv.Parallel(t)
+		f(t, newProcessHarness(t, policy.DefaultLimits()))
+	})
 	if testing.Short() {
 		return
 	}
 	for _, v := range variants(t) {
-		t.Run(v.name, func(t *testing.T) { f(t, v.harness(t, policy.DefaultLimits())) })
+		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
+			f(t, v.harness(t, policy.DefaultLimits()))
+		})
 		if v.kind == runtime.Runsc {
 			// Debian's runsc (2022-12, ptrace) pauses a session too.
 			t.Run("runsc-debian", func(t *testing.T) {
+				testenv.Parallel(t)
 				f(t, newHarnessConfig(t, v.kind, policy.DefaultLimits(), runtime.Config{RunscPath: debianRunsc(t)}))
 			})
 		}
@@ -162,6 +169,7 @@ func TestSessionOOMEnds(t *testing.T) {
 	testenv.Real(t)
 	for _, v := range variants(t) {
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			lim := policy.DefaultLimits()
 			lim.MemoryBytes = 128 << 20
 			s := v.harness(t, lim).newSession()
@@ -180,6 +188,7 @@ func TestSessionFullTmpKeepsSession(t *testing.T) {
 	testenv.Real(t)
 	for _, v := range variants(t) {
 		t.Run(v.name, func(t *testing.T) {
+			testenv.Parallel(t)
 			h := v.harness(t, policy.DefaultLimits())
 			s := h.newSession()
 			fill := ("kept = 5\nf = open('fill', 'wb')\ntry:\n    while True:\n        f.write(b'x' * 65536)\n        f.flush()\nexcept OSError:\n    pass\n'full'")

@@ -441,6 +441,13 @@ func (e *inputError) Error() string { return e.err.Error() }
 // errBusy refuses a call when MaxQueued others already wait for a slot.
 var errBusy = errors.New("server busy")
 
+// RefusedError is an Engine's refusal of a call for a reason of the
+// server's that the caller is told as it is (its text names no host
+// path): the rootfs changed under the server, say.
+type RefusedError struct{ Reason string }
+
+func (e *RefusedError) Error() string { return e.Reason }
+
 // handler is the exec tool. Invalid input and a sandbox that could not run
 // are tool errors (isError); whatever the code did is a result.
 func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHandlerFor[execInput, execOutput] {
@@ -477,9 +484,12 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 			"oom_killed", res.OOMKilled, "duration", res.Duration, "pooled", res.Pooled, "took", time.Since(began), "err", err)
 
 		var inErr *inputError
+		var refused *RefusedError
 		switch {
 		case errors.As(err, &inErr):
 			return nil, execOutput{}, inErr
+		case errors.As(err, &refused):
+			return nil, execOutput{}, refused
 		case errors.Is(err, errBusy):
 			return nil, execOutput{}, err
 		case err != nil && ctx.Err() != nil:

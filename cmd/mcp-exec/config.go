@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inhuman/mcp-exec/egress"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
 	"github.com/inhuman/mcp-exec/runtime"
@@ -65,6 +66,9 @@ type config struct {
 	StateDir             string
 	RunscPath            string
 	RunscPlatform        string
+	// Egress is the network sandboxes may reach (egress.go); the zero
+	// value is none.
+	Egress egress.Settings
 	// Warnings are what loadConfig found worth saying but not refusing;
 	// serve logs them once its logger exists.
 	Warnings []string
@@ -138,6 +142,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_RUNSC", "runsc", "path of the runsc binary (default: /usr/local/bin/runsc where make runsc installs it, else runsc on PATH)", str(&c.RunscPath)},
 		{"MCP_EXEC_RUNSC_PLATFORM", "runsc-platform", "gVisor platform (default: probed; systrap, else ptrace)", str(&c.RunscPlatform)},
 	}
+	s = append(s, c.egressSettings()...)
 	if serverOnly {
 		s = append(s,
 			setting{"MCP_EXEC_TRANSPORT", "transport", "stdio, http or sse", &value[server.Transport]{p: &c.Transport, parse: server.ParseTransport}},
@@ -256,6 +261,9 @@ func (c *config) sandboxErrors() []error {
 		} else if abs, err := filepath.Abs(c.PackagesDir); err == nil {
 			c.PackagesDir = abs
 		}
+	}
+	if err := c.Egress.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxFileBytes >= c.Limits.TmpfsBytes {
 		errs = append(errs, fmt.Errorf("MCP_EXEC_MAX_FILE_BYTES (%d) must be below the /tmp size, MCP_EXEC_TMPFS_MB (%d MiB): the files are written there",

@@ -24,6 +24,7 @@ type report struct {
 	Runtime  runtimeReport  `json:"runtime"`
 	Rootfs   rootfsReport   `json:"rootfs"`
 	Runtimes []runtimeCheck `json:"runtimes"`
+	Egress   *egressReport  `json:"egress"`
 	OK       bool           `json:"ok"`
 }
 
@@ -151,6 +152,9 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case runtime.Runsc:
 		r.Runtime.Mode, starts = modeFull, rsAvail
 	}
+	if r.Egress = egressReportFor(cfg); r.Egress.Error != "" {
+		r.OK, starts = false, false
+	}
 	if !starts {
 		r.Runtime.Mode = modeRefuse
 	}
@@ -265,11 +269,14 @@ func printReport(w io.Writer, r report) {
 	if r.Runtime.Sandboxes != "" {
 		fmt.Fprintf(w, "sandboxes: %s\n", r.Runtime.Sandboxes)
 	}
+	printEgress(w, r.Egress)
 	sel := string(r.Runtime.Selected)
 	if r.Runtime.Resolved != "" && r.Runtime.Resolved != r.Runtime.Selected {
 		sel += " → " + string(r.Runtime.Resolved)
 	}
 	switch {
+	case r.Egress != nil && r.Egress.Error != "":
+		fmt.Fprintf(w, "verdict: NOT OK — the server would refuse to start: %s\n", r.Egress.Error)
 	case r.Runtime.Mode == modeProcess:
 		if p := r.Runtime.Process; p != nil {
 			fmt.Fprintf(w, "process isolation: %s\n", p.Summary())

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
@@ -39,9 +40,14 @@ type engine struct {
 	// pool runs every call: on sandboxes prepared ahead (startPool), or
 	// on one prepared for the call.
 	pool *runtime.Pool
+	log  *slog.Logger
 	// sessions configures each persistent session's sandbox.
 	sessions runtime.SessionConfig
-	log      *slog.Logger
+	// watch sees any change to the served rootfs (and packages dir):
+	// calls are refused from then on (checkRootfs).
+	watch       *rootfs.Watcher
+	mounts      map[string]string // watched dir → where the sandbox has it
+	changedOnce sync.Once
 }
 
 // newEngine creates the runtime (refusing when the host cannot give the
@@ -50,6 +56,9 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	defer func() { retErr = named(retErr) }()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if err := egressUnavailable(cfg); err != nil {
+		return nil, err
 	}
 	rt, why, err := newRuntime(cfg, log)
 	if err != nil {
@@ -87,7 +96,50 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
 	s.contents, s.pythonVersion = root.Contents, root.PythonVersion
 	s.bundleCfg = s.bundleConfig(cfg, root)
+	if err := s.watchRootfs(cfg, root); err != nil {
+		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
+	}
 	return s, nil
+}
+
+// watchRootfs watches the rootfs every sandbox binds, and the packages
+// dir, for changes made on the host while the server serves them.
+func (s *engine) watchRootfs(cfg config, root rootfs.Root) error {
+	s.mounts = map[string]string{root.Dir: "/"}
+	dirs := []string{root.Dir}
+	if cfg.PackagesDir != "" && root.PackagesMount != "" {
+		s.mounts[cfg.PackagesDir] = root.PackagesMount
+		dirs = append(dirs, cfg.PackagesDir)
+	}
+	w, err := rootfs.Watch(dirs...)
+	if err != nil {
+		return err
+	}
+	s.watch = w
+	return nil
+}
+
+// checkRootfs refuses a call once a file of the served rootfs changed:
+// its code would run on files nobody proved. The caller is told which
+// file, as the sandbox names it; the log says which on the host, and how
+// to serve again.
+func (s *engine) checkRootfs() error {
+	if s.watch == nil {
+		return nil
+	}
+	var ce *rootfs.ChangedError
+	if !errors.As(s.watch.Changed(), &ce) {
+		return nil
+	}
+	s.changedOnce.Do(func() {
+		s.log.Error("a file of the rootfs changed while the server serves it: every call is refused from now on",
+			"change", ce.Error(),
+			"fix", "if the change is wanted, restart the server: it proves the rootfs again at start; a cached rootfs ("+
+				"under the cache dir) is never changed by mcp-exec: remove the changed generation and restart to rebuild it")
+	})
+	inside := filepath.Join(s.mounts[ce.Dir], ce.Rel)
+	return &server.RefusedError{Reason: fmt.Sprintf("the server refuses calls: a file of its Python rootfs changed while it serves it (%s %s); "+
+		"the operator must restart the server, which proves the rootfs again", inside, ce.What)}
 }
 
 // newRuntime creates the runtime cfg names, and says why when auto chose it.
@@ -359,23 +411,36 @@ func (s *engine) prepare(ctx context.Context, bcfg bundle.Config) (runtime.Sandb
 // ahead when there is one, else one prepared now. Either is used for
 // this call only and torn down after it, off the call's time.
 func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	if err := s.checkRootfs(); err != nil {
+		return runtime.Result{}, err
+	}
 	res, err := s.pool.Run(ctx, req)
 	return res, named(err)
 }
 
 // NewSession makes a persistent session's sandbox, through the pool.
 func (s *engine) NewSession(ctx context.Context) (server.Session, error) {
+	if err := s.checkRootfs(); err != nil {
+		return nil, err
+	}
 	sess, err := s.pool.NewSession(ctx, s.sessions)
 	if err != nil {
 		return nil, named(err)
 	}
-	return engineSession{sess}, nil
+	return engineSession{sess, s}, nil
 }
 
-// engineSession names the settings in a session's errors, as Run does.
-type engineSession struct{ *runtime.Session }
+// engineSession names the settings in a session's errors, as Run does,
+// and refuses its calls once the rootfs changed.
+type engineSession struct {
+	*runtime.Session
+	e *engine
+}
 
 func (s engineSession) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	if err := s.e.checkRootfs(); err != nil {
+		return runtime.Result{}, err
+	}
 	res, err := s.Session.Run(ctx, req)
 	return res, named(err)
 }
@@ -397,6 +462,9 @@ func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Re
 func (s *engine) close() error {
 	if s.pool != nil {
 		s.pool.Close()
+	}
+	if s.watch != nil {
+		s.watch.Close()
 	}
 	return s.rt.Close()
 }

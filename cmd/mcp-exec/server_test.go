@@ -65,6 +65,7 @@ type execOutput struct {
 	Truncated       bool   `json:"truncated"`
 	DurationMS      int64  `json:"duration_ms"`
 	Runtime         string `json:"runtime"`
+	Session         string `json:"session"`
 }
 
 func decodeOutput(t testing.TB, res *mcp.CallToolResult) execOutput {

@@ -12,6 +12,9 @@ package testenv
 import (
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -77,4 +80,35 @@ func EventuallyWithin(t testing.TB, d time.Duration, what string, cond func() bo
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Full says whether the whole test matrix runs (MCP_EXEC_TEST_MATRIX=full):
+// every sandbox property on every runtime in every mode, as gVisor's test
+// platforms run on a schedule. By default a property runs once per
+// runtime plus the modes it declares can change it.
+func Full() bool { return os.Getenv("MCP_EXEC_TEST_MATRIX") == "full" }
+
+var sandboxes struct {
+	once sync.Once
+	sem  chan struct{}
+}
+
+// Parallel marks a sandbox subtest parallel and holds one of the
+// machine's sandbox places until it ends: twice the CPUs by default (a
+// sandbox test spends most of its time waiting for a sandbox to start or
+// end), MCP_EXEC_TEST_PARALLEL to choose. Subtests of one property run
+// together; the properties themselves one after another, so that a test
+// that sets a package's test seam never shares it.
+func Parallel(t *testing.T) {
+	t.Helper()
+	sandboxes.once.Do(func() {
+		n := 2 * runtime.NumCPU()
+		if v, err := strconv.Atoi(os.Getenv("MCP_EXEC_TEST_PARALLEL")); err == nil && v > 0 {
+			n = v
+		}
+		sandboxes.sem = make(chan struct{}, n)
+	})
+	t.Parallel()
+	sandboxes.sem <- struct{}{}
+	t.Cleanup(func() { <-sandboxes.sem })
 }

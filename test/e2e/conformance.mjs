@@ -16,7 +16,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { startBridge } from './bridge.mjs';
-import { BIN, instanceDirs, makeStateDir, sandboxPids, serverEnv, startServer, sweepState } from './lib.mjs';
+import { BIN, instanceDirs, makeStateDir, sandboxPids, serverEnv, startServer, sweepState, waitFor } from './lib.mjs';
 import { startProxy } from './proxy.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -129,6 +129,9 @@ try {
   for (const s of PROTOCOL_SCENARIOS) results.push(await runScenario('stdio', bridge.url, s));
   await bridge.close();
   bridge = undefined;
+  // A server the bridge had to kill (a slow shutdown on a busy machine)
+  // leaves its instance to its watchdog, which removes it soon after.
+  await waitFor(() => instanceDirs(bridgeState).length === 0, { timeoutMs: 30000 });
   if (instanceDirs(bridgeState).length) {
     problems.push(`stdio servers left instance dirs in ${bridgeState}: ${instanceDirs(bridgeState).join(', ')}`);
   }

@@ -37,6 +37,9 @@ skip_or_fail() {
 	exit 0
 }
 
+# MCP_EXEC_TEST_MATRIX=full (the scheduled run) also runs the sessions
+# suite on runsc and process: it is kept as E2E_MATRIX.
+export E2E_MATRIX="${MCP_EXEC_TEST_MATRIX:-}"
 for v in $(compgen -e | grep '^MCP_EXEC_' || true); do
 	unset "$v"
 done
