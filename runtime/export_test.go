@@ -65,6 +65,21 @@ func WithForksAsUID(uid uint32, f func()) {
 	f()
 }
 
+// SessionCPU is the CPU time a session's sandbox has used so far, as the
+// host's kernel accounts it: its cgroups' count, or, in the process
+// runtime (no cgroup), the sum over the live processes below its init.
+func SessionCPU(s *Session) time.Duration {
+	if pc, ok := s.sb.c.(*procContainer); ok {
+		var ticks int64
+		for _, pid := range descendants(pc.cmd.Process.Pid) {
+			t, _ := cpuTicks(pid)
+			ticks += t
+		}
+		return time.Duration(ticks) * 10 * time.Millisecond
+	}
+	return s.sb.c.cpu()
+}
+
 // WithForkSeccomp runs f with the filters of templates made in it, and of
 // their forks, edited by edit: a hole a test opens to attack what stands
 // behind the filter.

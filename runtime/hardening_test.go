@@ -528,67 +528,132 @@ func pythonRunning(callID string, kind runtime.Kind) bool {
 // A server killed mid-call takes its containers with it within seconds,
 // even when the sandbox's init does not die with it (played here by an
 // init told to set no parent-death signal), and with the host under load:
-// the watchdog kills them. No new server starts to sweep them.
+// the watchdog kills them. No new server starts to sweep them. The same
+// for a persistent session frozen between its calls ("session-"), whose
+// init cannot act on anything until the watchdog thaws what it kills; and,
+// its watchdog killed too ("/next-server"), for the sweep of the next
+// server to start on the same state dir.
 func TestDeadServerBackstop(t *testing.T) {
 	if dir := os.Getenv("MCP_EXEC_TEST_BACKSTOP_SERVER"); dir != "" {
-		backstopServer(t, dir, runtime.Kind(os.Getenv("MCP_EXEC_TEST_BACKSTOP_KIND")))
+		backstopServer(t, dir, runtime.Kind(os.Getenv("MCP_EXEC_TEST_BACKSTOP_KIND")),
+			os.Getenv("MCP_EXEC_TEST_BACKSTOP_FORK") != "", os.Getenv("MCP_EXEC_TEST_BACKSTOP_SESSION") != "")
 		return
 	}
 	for _, kind := range runtimeKinds(t) {
-		t.Run(string(kind), func(t *testing.T) {
-			testRootfs(t)
-			if kind == runtime.Libcontainer {
-				if err := runtime.LibcontainerUsable(); err != nil {
-					need(t, "%v", err)
-				}
-			}
-			// Four busy loops alongside, as on a loaded host.
-			for range 4 {
-				spin := exec.Command("/bin/sh", "-c", "while :; do :; done")
-				if err := spin.Start(); err != nil {
-					t.Fatal(err)
-				}
-				defer func() { spin.Process.Kill(); spin.Wait() }()
-			}
-			stateDir := filepath.Join(t.TempDir(), "state")
-			cmd := exec.Command(os.Args[0], "-test.run=^TestDeadServerBackstop$", "-test.v")
-			cmd.Env = append(os.Environ(), "MCP_EXEC_TEST_BACKSTOP_SERVER="+stateDir, "MCP_EXEC_TEST_BACKSTOP_KIND="+string(kind))
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cmd.Stderr = os.Stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
-			var call string
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == "CALL" {
-					call = f[1]
-					break
-				}
-			}
-			if call == "" {
-				t.Fatal("the server never reported its call")
-			}
-			testenv.EventuallyWithin(t, 120*time.Second, "the call's code to run", func() bool { return pythonRunning(call, kind) && len(callProcesses(call)) > 0 })
-			cmd.Process.Signal(syscall.SIGKILL)
-			cmd.Wait()
-			killed := time.Now()
-			testenv.EventuallyWithin(t, 10*time.Second, "the call's processes to die with their server", func() bool { return len(callProcesses(call)) == 0 })
-			t.Logf("the call's processes were gone %v after the server was killed", time.Since(killed).Round(time.Millisecond))
-			// The watchdog removes the cgroups once they are empty, and the
-			// instance dir's own filesystem.
-			testenv.EventuallyWithin(t, 10*time.Second, "the watchdog to remove the call's cgroups", func() bool { return len(callCgroups(call)) == 0 })
-			assertNoCgroups(t, call, true)
-			testenv.EventuallyWithin(t, 10*time.Second, "the dead instance's mount to be gone", func() bool {
-				mi, _ := os.ReadFile("/proc/self/mountinfo")
-				return !bytes.Contains(mi, []byte(stateDir))
-			})
-		})
+		t.Run(string(kind), func(t *testing.T) { killServer(t, variant{string(kind), kind, false}, false, false) })
 	}
+	for _, v := range variants(t) {
+		t.Run("session-"+v.name, func(t *testing.T) { killServer(t, v, true, false) })
+		t.Run("session-"+v.name+"/next-server", func(t *testing.T) { killServer(t, v, true, true) })
+	}
+}
+
+// killServer starts a server of v's (backstopServer) that runs a call, or
+// holds a session frozen after its call, kills it (and its watchdog, when
+// asked: then a new runtime on the state dir sweeps), and checks that
+// nothing of the call is left.
+func killServer(t *testing.T, v variant, session, killWatchdog bool) {
+	testRootfs(t)
+	if v.kind == runtime.Libcontainer {
+		if err := runtime.LibcontainerUsable(); err != nil {
+			need(t, "%v", err)
+		}
+	}
+	// Four busy loops alongside, as on a loaded host.
+	for range 4 {
+		spin := exec.Command("/bin/sh", "-c", "while :; do :; done")
+		if err := spin.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { spin.Process.Kill(); spin.Wait() }()
+	}
+	stateDir := filepath.Join(t.TempDir(), "state")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDeadServerBackstop$", "-test.v")
+	cmd.Env = append(os.Environ(), "MCP_EXEC_TEST_BACKSTOP_SERVER="+stateDir, "MCP_EXEC_TEST_BACKSTOP_KIND="+string(v.kind))
+	if v.fork {
+		cmd.Env = append(cmd.Env, "MCP_EXEC_TEST_BACKSTOP_FORK=1")
+	}
+	if session {
+		cmd.Env = append(cmd.Env, "MCP_EXEC_TEST_BACKSTOP_SESSION=1")
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var call string
+	frozen := !session
+	sc := bufio.NewScanner(out)
+	var said []string
+	for sc.Scan() {
+		said = append(said, sc.Text())
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && f[0] == "CALL" {
+			call = f[1]
+		}
+		if len(f) == 1 && f[0] == "FROZEN" {
+			frozen = true
+		}
+		if call != "" && frozen {
+			break
+		}
+	}
+	if call == "" || !frozen {
+		t.Fatalf("the server never reported its call (%q) or its frozen session (%v); it said:\n%s", call, frozen, strings.Join(said, "\n"))
+	}
+	testenv.EventuallyWithin(t, 120*time.Second, "the call's code to run", func() bool { return pythonRunning(call, v.kind) && len(callProcesses(call)) > 0 })
+	if killWatchdog {
+		entries, _ := os.ReadDir(stateDir)
+		if len(entries) != 1 {
+			t.Fatalf("the state dir holds %d entries, want the one instance", len(entries))
+		}
+		watchdog := watchdogOf(entries[0].Name())
+		if watchdog == 0 {
+			t.Fatal("the instance's watchdog is not running")
+		}
+		syscall.Kill(watchdog, syscall.SIGKILL)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	killed := time.Now()
+	if killWatchdog {
+		if v.kind == runtime.Libcontainer && len(callProcesses(call)) == 0 {
+			t.Fatal("the call's processes died with the server and its watchdog: the sweep has nothing to prove")
+		}
+		rt, err := runtime.New(v.kind, runtime.Config{StateDir: stateDir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt.Close()
+	}
+	testenv.EventuallyWithin(t, 10*time.Second, "the call's processes to die with their server", func() bool { return len(callProcesses(call)) == 0 })
+	t.Logf("the call's processes were gone %v after the server was killed", time.Since(killed).Round(time.Millisecond))
+	// The watchdog removes the cgroups once they are empty, and the
+	// instance dir's own filesystem.
+	testenv.EventuallyWithin(t, 10*time.Second, "the watchdog to remove the call's cgroups", func() bool { return len(callCgroups(call)) == 0 })
+	assertNoCgroups(t, call, true)
+	testenv.EventuallyWithin(t, 10*time.Second, "the dead instance's mount to be gone", func() bool {
+		mi, _ := os.ReadFile("/proc/self/mountinfo")
+		return !bytes.Contains(mi, []byte(stateDir))
+	})
+}
+
+// watchdogOf is the pid of an instance's watchdog, or 0.
+func watchdogOf(instance string) int {
+	want := []byte("mcp-exec-watchdog\x00__mcp_exec_watchdog__\x00" + instance + "\x00")
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if bytes.HasPrefix(cmd, want) {
+			pid, _ := strconv.Atoi(e.Name())
+			return pid
+		}
+	}
+	return 0
 }
 
 // callCgroups lists a call's cgroup dirs in every hierarchy.
@@ -618,9 +683,11 @@ func callProcesses(callID string) []string {
 
 // backstopServer is the child of TestDeadServerBackstop: it starts a call
 // whose init sets no parent-death signal, says which, and waits to be
-// killed.
-func backstopServer(t *testing.T, stateDir string, kind runtime.Kind) {
-	rt, err := runtime.New(kind, runtime.Config{StateDir: stateDir})
+// killed; in a session, the session's first call leaves a process and a
+// thread spinning, and the server says so once the call is over and the
+// session frozen.
+func backstopServer(t *testing.T, stateDir string, kind runtime.Kind, fork, session bool) {
+	rt, err := runtime.New(kind, runtime.Config{StateDir: stateDir, Fork: runtime.ForkConfig{Enabled: fork}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -628,18 +695,37 @@ func backstopServer(t *testing.T, stateDir string, kind runtime.Kind) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := bundle.New(rt.BundleDir(), testBundleConfig(dir, rt, policy.DefaultLimits()), uuid.NewString())
+	prepare := func(ctx context.Context, _ bool) (runtime.Sandbox, error) {
+		b, err := bundle.New(rt.BundleDir(), testBundleConfig(dir, rt, policy.DefaultLimits()), uuid.NewString())
+		if err != nil {
+			return nil, err
+		}
+		runtime.SubvertInit(b)
+		fmt.Printf("CALL %s\n", b.ID)
+		return rt.Prepare(ctx, b)
+	}
+	ctx := context.Background()
+	if !session {
+		sb, err := prepare(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.Run(ctx, runtime.Request{Code: []byte("import time; time.sleep(1000)"), Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
+		t.Fatal("the call ended before the server was killed")
+	}
+	sess, err := runtime.NewPool(runtime.PoolConfig{Prepare: prepare}).NewSession(ctx, runtime.SessionConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runtime.SubvertInit(b)
-	fmt.Printf("CALL %s\n", b.ID)
-	sb, err := rt.Prepare(context.Background(), b)
-	if err != nil {
-		t.Fatal(err)
+	res, err := sess.Run(ctx, runtime.Request{Code: []byte("import subprocess, sys, threading\n" +
+		"subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n" +
+		"threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True).start()"), Timeout: time.Minute, MaxOutputBytes: 1 << 20})
+	if err != nil || res.ExitCode != 0 || res.Ended != "" {
+		t.Fatalf("the session's call: exit %d, ended %q, %v; stderr %s", res.ExitCode, res.Ended, err, res.Stderr)
 	}
-	sb.Run(context.Background(), runtime.Request{Code: []byte("import time; time.sleep(1000)"), Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
-	t.Fatal("the call ended before the server was killed")
+	fmt.Println("FROZEN")
+	time.Sleep(10 * time.Minute)
+	t.Fatal("the session outlived 10 minutes before the server was killed")
 }
 
 // A sandbox prepared ahead waits at the lowest CPU weight, so that

@@ -311,9 +311,11 @@ type harness struct {
 	// session: each call is the second of a persistent session, after a
 	// call that left a variable, a file and a thread behind.
 	session bool
-	pool    *runtime.Pool
-	poolCfg bundle.Config
-	bundles sync.Map // Sandbox → *bundle.Bundle
+	// sessions configures the sessions openSession starts.
+	sessions runtime.SessionConfig
+	pool     *runtime.Pool
+	poolCfg  bundle.Config
+	bundles  sync.Map // Sandbox → *bundle.Bundle
 }
 
 // pooledSandbox takes a sandbox the pool prepared before the call, making
@@ -512,7 +514,7 @@ func (h *harness) openSession() (sess *runtime.Session, end func() error) {
 		}
 		return h.rt.Prepare(ctx, b)
 	}})
-	sess, err := pool.NewSession(context.Background())
+	sess, err := pool.NewSession(context.Background(), h.sessions)
 	if err != nil {
 		pool.Close()
 		h.t.Fatalf("NewSession: %v", err)

@@ -321,6 +321,8 @@ type procContainer struct {
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
+	// watch: the session is frozen (freeze.go).
+	watch *stopWatch
 }
 
 // create makes the code's working dir (its /tmp) and the dir of its script
@@ -424,6 +426,7 @@ func (pc *procContainer) explain(err error) error { return err }
 // destroy kills, under root, whatever of the call's uid is left, wherever
 // it went: only then may another call have the uid.
 func (pc *procContainer) destroy() error {
+	pc.unwatch()
 	if pc.uid == nil {
 		return nil
 	}

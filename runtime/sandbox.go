@@ -30,13 +30,17 @@ const (
 	// running: a call has begun. A sandbox runs code once, unless it is
 	// a session's, which goes back to ready after each call.
 	running
+	// frozen: a persistent session's sandbox between its calls, every
+	// process of it stopped where it stood (container.freeze) until its
+	// next call thaws it: nothing of it runs outside a call.
+	frozen
 	// closing: teardown is under way.
 	closing
 	// closed: nothing of it is left.
 	closed
 )
 
-var statusNames = [...]string{"preparing", "ready", "running", "closing", "closed"}
+var statusNames = [...]string{"preparing", "ready", "running", "frozen", "closing", "closed"}
 
 func (s status) String() string { return statusNames[s] }
 
@@ -79,6 +83,11 @@ type container interface {
 	// explain adds what the runtime knows of why the sandbox never got
 	// ready (runsc's own log) to err.
 	explain(err error) error
+	// freeze stops every process of the container where it stands, and
+	// returns once none runs; thaw lets them go on. kill still kills a
+	// frozen container. (A persistent session between its calls.)
+	freeze() error
+	thaw() error
 	// destroy removes what the container holds, once its init is gone.
 	destroy() error
 }
@@ -212,9 +221,9 @@ func (sb *sandbox) Run(ctx context.Context, req Request) (Result, error) {
 // run runs req, which the caller validated. A session's sandbox is ready
 // again after a call its interpreter lived through, unless the call hit
 // the memory or process limit, which ends the session too; otherwise
-// res.Ended says why it can take no more.
+// res.Ended says why it can take no more. A frozen one is thawed first.
 func (sb *sandbox) run(ctx context.Context, req Request) (Result, error) {
-	if err := sb.move(running, ready); err != nil {
+	if err := sb.begin(); err != nil {
 		return Result{}, err
 	}
 	res, idle, err := supervise(ctx, sb.c, sb.done, sb.conn, req)
@@ -237,6 +246,45 @@ func (sb *sandbox) run(ctx context.Context, req Request) (Result, error) {
 		sb.c.kill()
 	}
 	return res, err
+}
+
+// begin takes a ready or frozen sandbox to running; a frozen one is
+// thawed before anything of the call reaches it.
+func (sb *sandbox) begin() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	switch sb.state {
+	case ready:
+	case frozen:
+		if err := sb.c.thaw(); err != nil {
+			// It cannot go on; it must not stay half thawed either.
+			sb.c.kill()
+			return fmt.Errorf("%w: thawing sandbox %s: %w", ErrSandbox, sb.id, err)
+		}
+	default:
+		return fmt.Errorf("sandbox %s is %s, not ready", sb.id, sb.state)
+	}
+	sb.state = running
+	return nil
+}
+
+// freeze stops every process of a ready sandbox, a persistent session's
+// between its calls, until its next call (begin): its threads and
+// processes use no CPU outside a call, where no concurrency slot counts
+// them. Under sb.mu, so that teardown, which kills (and so thaws), comes
+// after it whole. A sandbox that cannot be frozen is killed.
+func (sb *sandbox) freeze() error {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.state != ready {
+		return fmt.Errorf("sandbox %s is %s, not ready", sb.id, sb.state)
+	}
+	if err := sb.c.freeze(); err != nil {
+		sb.c.kill()
+		return fmt.Errorf("freezing sandbox %s between its calls: %w", sb.id, err)
+	}
+	sb.state = frozen
+	return nil
 }
 
 // Close tears the sandbox down, whatever state it is in, under its own

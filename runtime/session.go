@@ -14,8 +14,14 @@ import (
 // held for the session's whole life. A call that hits the memory or
 // process limit, times out past its interrupt, or ends the interpreter
 // ends the session (Result.Ended).
+//
+// Between its calls a session's sandbox is frozen: its threads and
+// processes, and a call's code that made the init believe the call was
+// over, run only while a call runs, counted by the caller's concurrency
+// (SessionConfig.Background says otherwise).
 type Session struct {
-	sb *sandbox
+	sb         *sandbox
+	background bool
 
 	mu    sync.Mutex // one call at a time
 	ended EndReason
@@ -30,9 +36,20 @@ type EndedError struct{ Reason EndReason }
 func (e *EndedError) Error() string { return fmt.Sprintf("%v (%s)", ErrSessionEnded, e.Reason) }
 func (e *EndedError) Unwrap() error { return ErrSessionEnded }
 
+// SessionConfig configures a persistent session.
+type SessionConfig struct {
+	// Background lets what the code started (threads, processes) run on
+	// between calls, as a notebook's kernel does; each such session may
+	// then use its CPU quota at any time. By default the sandbox is frozen
+	// between calls.
+	Background bool
+}
+
 // NewSession starts a session on a sandbox of the pool: one prepared
-// ahead, else one prepared now.
-func (p *Pool) NewSession(ctx context.Context) (*Session, error) {
+// ahead, else one prepared now. Unless cfg.Background, the sandbox is
+// frozen until the first call: one that cannot be frozen is refused here,
+// before it ran anything.
+func (p *Pool) NewSession(ctx context.Context, cfg SessionConfig) (*Session, error) {
 	sb, _, done, err := p.Get(ctx)
 	if err != nil {
 		return nil, err
@@ -43,7 +60,13 @@ func (p *Pool) NewSession(ctx context.Context) (*Session, error) {
 		p.closeLater(sb)
 		return nil, fmt.Errorf("%w: this runtime's sandboxes cannot hold a session", ErrSandbox)
 	}
-	return &Session{sb: s}, nil
+	if !cfg.Background {
+		if err := s.freeze(); err != nil {
+			p.closeLater(sb)
+			return nil, fmt.Errorf("%w: %w; without a freezer, sessions can only run between their calls ({PersistentBackground})", ErrSandbox, err)
+		}
+	}
+	return &Session{sb: s, background: cfg.Background}, nil
 }
 
 // Run runs one call in the session. A session whose sandbox ended between
@@ -66,6 +89,14 @@ func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
 		return Result{}, &EndedError{s.ended}
 	}
 	s.ended = res.Ended
+	if res.Ended == "" && !s.background && s.sb.status() == ready {
+		// Nothing of it runs until the next call: not a thread it left,
+		// nor code that told the init the call was over and ran on.
+		if ferr := s.sb.freeze(); ferr != nil {
+			s.ended, res.Ended = EndExited, EndExited
+			err = errors.Join(err, ferr)
+		}
+	}
 	return res, err
 }
 

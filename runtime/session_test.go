@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +64,13 @@ func forEachSessionRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 			testenv.Parallel(t)
 			f(t, v.harness(t, policy.DefaultLimits()))
 		})
+		if v.kind == runtime.Runsc {
+			// Debian's runsc (2022-12, ptrace) pauses a session too.
+			t.Run("runsc-debian", func(t *testing.T) {
+				testenv.Parallel(t)
+				f(t, newHarnessConfig(t, v.kind, policy.DefaultLimits(), runtime.Config{RunscPath: debianRunsc(t)}))
+			})
+		}
 	}
 }
 
@@ -196,4 +204,179 @@ func TestSessionFullTmpKeepsSession(t *testing.T) {
 			}
 		})
 	}
+}
+
+// idleWindow is how long a session waits between two calls in the tests of
+// what it does meanwhile: long enough that anything of it still running
+// would use a good part of it, on a busy machine too.
+const idleWindow = 2 * time.Second
+
+// idleCPU is the CPU time h's session s used, by the host kernel's count,
+// over idleWindow with no call under way, and the most it may use: none
+// at all, frozen, but for gVisor, whose kernel (the sentry) stays up and
+// idles while runsc pause holds every task of it (measured: ~0.3 ms a
+// second).
+func idleCPU(t *testing.T, h *harness, s *sessionHarness) (used, allowed time.Duration) {
+	t.Helper()
+	before := runtime.SessionCPU(s.Session)
+	time.Sleep(idleWindow)
+	used = runtime.SessionCPU(s.Session) - before
+	if h.kind == runtime.Runsc {
+		allowed = idleWindow / 40
+	}
+	return used, allowed
+}
+
+// A thread the code left counting counts only while a call runs: between
+// calls the session's sandbox is frozen (runsc: paused). The host kernel's
+// count of the sandbox's CPU time does not move, and the thread's own CPU
+// clock, read at the end of one call and the start of the next, moved
+// only by the moments before the freeze and after the thaw.
+func TestSessionFrozenBetweenCalls(t *testing.T) {
+	forEachSessionRuntime(t, func(t *testing.T, h *harness) {
+		s := h.newSession()
+		res := s.run(`import threading, time
+n = 0
+def count():
+    global n
+    while True:
+        n += 1
+counter = threading.Thread(target=count, daemon=True)
+counter.start()
+clock = time.pthread_getcpuclockid(counter.ident)
+while n < 1000:
+    time.sleep(0.01)
+time.clock_gettime(clock)`)
+		if res.ExitCode != 0 || res.Ended != "" {
+			t.Fatalf("starting the counter: exit %d, ended %q, stderr %s", res.ExitCode, res.Ended, res.Stderr)
+		}
+		atEnd, err := strconv.ParseFloat(string(res.Value), 64)
+		if err != nil {
+			t.Fatalf("the counter's CPU clock: %q", res.Value)
+		}
+		used, allowed := idleCPU(t, h, s)
+		if used > allowed {
+			t.Errorf("between calls the session used %v of CPU in %v, want at most %v: its counting thread ran on", used, idleWindow, allowed)
+		}
+		res = s.run("time.clock_gettime(clock), n")
+		var atStart float64
+		var count int
+		if _, err := fmt.Sscanf(string(res.Value), "(%g, %d)", &atStart, &count); err != nil {
+			t.Fatalf("the next call: value %q, stderr %s", res.Value, res.Stderr)
+		}
+		if gap := time.Duration((atStart - atEnd) * float64(time.Second)); gap > idleWindow/4 {
+			t.Errorf("the counting thread ran %v between the calls (%v apart), by its own CPU clock", gap, idleWindow)
+		}
+		// And it counts on while a call runs: frozen, not killed.
+		res = s.run("before = n\ntime.sleep(0.5)\nn > before")
+		if string(res.Value) != "True" {
+			t.Errorf("during a call the thread did not count: value %q, stderr %s", res.Value, res.Stderr)
+		}
+		t.Logf("between calls: %v of CPU in %v (host's count)", used, idleWindow)
+	})
+}
+
+// Code that tells the init its call is over (a forged end frame on the
+// driver's pipe) gets the call's result back at once and spins on: the
+// session is frozen all the same, and the spinning gains no CPU after the
+// call returned. Closing the session leaves nothing of it.
+func TestSessionForgedEndGainsNoCPU(t *testing.T) {
+	forEachSessionRuntime(t, func(t *testing.T, h *harness) {
+		s := h.newSession()
+		res := s.run(`import os
+os.write(3, b"d" + (4).to_bytes(4, "big") + (0).to_bytes(4, "big"))
+while True:
+    pass`)
+		if res.ExitCode != 0 || res.Ended != "" || res.TimedOut {
+			t.Fatalf("the forged end: exit %d, ended %q, timed out %v; want the call over, the session on", res.ExitCode, res.Ended, res.TimedOut)
+		}
+		if used, allowed := idleCPU(t, h, s); used > allowed {
+			t.Errorf("after the call returned, its spinning code used %v of CPU in %v, want at most %v", used, idleWindow, allowed)
+		} else {
+			t.Logf("after the forged end: %v of CPU in %v", used, idleWindow)
+		}
+	})
+}
+
+// A process the code detached (its own session, its parent gone, so an
+// orphan of the init) is frozen with the rest: it uses no CPU between
+// calls.
+func TestSessionFrozenDetached(t *testing.T) {
+	forEachSessionRuntime(t, func(t *testing.T, h *harness) {
+		s := h.newSession()
+		res := s.run(`import subprocess, sys, time
+spin = "import os\nif os.fork():\n    os._exit(0)\nos.setsid()\nopen('spinning', 'w').close()\nwhile True:\n    pass"
+subprocess.run([sys.executable, "-c", spin], start_new_session=True)
+import os
+while not os.path.exists("spinning"):
+    time.sleep(0.01)`)
+		if res.ExitCode != 0 || res.Ended != "" {
+			t.Fatalf("detaching a spinner: exit %d, ended %q, stderr %s", res.ExitCode, res.Ended, res.Stderr)
+		}
+		if used, allowed := idleCPU(t, h, s); used > allowed {
+			t.Errorf("between calls a detached spinner used %v of CPU in %v, want at most %v", used, idleWindow, allowed)
+		}
+	})
+}
+
+// Code that arranged to wake itself (a timer whose signal is SIGCONT, due
+// once the call is over) does not run between calls either: the freezer
+// cgroup and gVisor's pause ignore it; the process runtime, whose stop it
+// undoes, kills the session as soon as it sees the code run.
+func TestSessionSelfWakeGainsNoCPU(t *testing.T) {
+	forEachSessionRuntime(t, func(t *testing.T, h *harness) {
+		s := h.newSession()
+		res := s.run(`import ctypes, signal, threading
+libc = ctypes.CDLL(None, use_errno=True)
+class sigevent(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("pad", ctypes.c_byte * 48)]
+class timespec(ctypes.Structure):
+    _fields_ = [("s", ctypes.c_long), ("ns", ctypes.c_long)]
+class itimerspec(ctypes.Structure):
+    _fields_ = [("interval", timespec), ("value", timespec)]
+# Handled, not ignored: the kernel parks a timer whose signal is ignored
+# (SIGCONT's default) until it no longer is.
+signal.signal(signal.SIGCONT, lambda *_: None)
+timer = ctypes.c_void_p()
+# SIGEV_SIGNAL on CLOCK_MONOTONIC, once, a second after this call: by then
+# the session is frozen. (Not every few ms: a SIGSTOP discards a pending
+# SIGCONT, and a periodic timer whose signal was discarded is not armed
+# again.)
+assert libc.timer_create(1, ctypes.byref(sigevent(signo=signal.SIGCONT, notify=0)), ctypes.byref(timer)) == 0, ctypes.get_errno()
+assert libc.timer_settime(timer, 0, ctypes.byref(itimerspec(timespec(0, 0), timespec(1, 0))), None) == 0, ctypes.get_errno()
+def spin():
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()`)
+		if res.ExitCode != 0 || res.Ended != "" {
+			t.Fatalf("arming the timer: exit %d, ended %q, stderr %s", res.ExitCode, res.Ended, res.Stderr)
+		}
+		if h.kind == runtime.Process {
+			testenv.EventuallyWithin(t, 5*time.Second, "the session that woke itself to be killed", func() bool { return s.Ended() != "" })
+			if _, err := s.Run(context.Background(), runtime.Request{Code: []byte("1"), Timeout: time.Second, MaxOutputBytes: 100}); !errors.Is(err, runtime.ErrSessionEnded) {
+				t.Errorf("a call after the session woke itself: %v, want ErrSessionEnded", err)
+			}
+			return
+		}
+		if used, allowed := idleCPU(t, h, s); used > allowed {
+			t.Errorf("code that wakes itself used %v of CPU between calls in %v, want at most %v", used, idleWindow, allowed)
+		}
+		if res = s.run("1 + 1"); string(res.Value) != "2" {
+			t.Errorf("the next call: value %q, stderr %s", res.Value, res.Stderr)
+		}
+	})
+}
+
+// MCP_EXEC_PERSISTENT_BACKGROUND's session is a notebook's kernel: what
+// the code left running runs on between calls.
+func TestSessionBackgroundRunsBetweenCalls(t *testing.T) {
+	forEachSessionRuntime(t, func(t *testing.T, h *harness) {
+		h.sessions.Background = true
+		s := h.newSession()
+		s.run("import threading, time\nn = 0\ndef count():\n    global n\n    while True:\n        n += 1\nthreading.Thread(target=count, daemon=True).start()")
+		used, _ := idleCPU(t, h, s)
+		if used < idleWindow/20 {
+			t.Errorf("in the background the counting thread used %v of CPU in %v: it did not run", used, idleWindow)
+		}
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -226,6 +227,10 @@ func makeWritable(dir string) {
 
 // cgroupMounts returns the directories where the instance's cgroup trees
 // can live: one per cgroup v1 controller hierarchy, or the unified one.
+// The v1 freezer's comes first: a frozen cgroup (a persistent session
+// between its calls) holds back its tasks' SIGKILL until it is thawed,
+// which only a walk of that hierarchy does; walked after the others, each
+// of them would wait in vain for those tasks to die.
 func cgroupMounts() []string {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -249,7 +254,11 @@ func cgroupMounts() []string {
 		}
 		switch fields[sep+1] {
 		case "cgroup", "cgroup2":
-			dirs = append(dirs, fields[4])
+			if sep+3 < len(fields) && slices.Contains(strings.Split(fields[sep+3], ","), "freezer") {
+				dirs = append([]string{fields[4]}, dirs...)
+			} else {
+				dirs = append(dirs, fields[4])
+			}
 		}
 	}
 	return dirs
@@ -308,11 +317,13 @@ func killCgroupProcs(dir string) {
 	if err != nil {
 		return
 	}
-	// A frozen v1 cgroup would hold SIGKILL back; thaw it first.
-	os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
 	for _, line := range strings.Fields(string(data)) {
 		if pid, err := strconv.Atoi(line); err == nil && pid > 0 {
 			unix.Kill(pid, unix.SIGKILL)
 		}
 	}
+	// A frozen v1 cgroup (a persistent session between its calls) holds
+	// SIGKILL back until it is thawed: thawed after the kill, its tasks
+	// die before any of them runs again.
+	os.WriteFile(filepath.Join(dir, "freezer.state"), []byte("THAWED"), 0)
 }

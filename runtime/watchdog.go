@@ -171,22 +171,26 @@ func ownedBy(cgroupPath, instanceID string) bool {
 	return strings.HasPrefix(cgroupPath, "/"+cgroupRoot+"/"+instanceID+"/") && !strings.Contains(cgroupPath, "..")
 }
 
-// killCgroupEverywhere kills every process of a cgroup path in every
-// hierarchy, until none is left or a few seconds have passed.
-func killCgroupEverywhere(rel string) {
+// killCgroupEverywhere kills every process of cgroup paths in every
+// hierarchy, until none is left or a few seconds have passed. Hierarchy by
+// hierarchy, the freezer's first (cgroupMounts): a frozen session's
+// processes die only once its freezer cgroup is thawed, and a forked one's
+// are in its template's cgroups of the other hierarchies.
+func killCgroupEverywhere(rels ...string) {
 	for _, mnt := range cgroupMounts() {
-		dir := filepath.Join(mnt, rel)
-		if _, err := os.Stat(dir); err == nil {
-			killCgroupTree(dir)
+		for _, rel := range rels {
+			dir := filepath.Join(mnt, rel)
+			if _, err := os.Stat(dir); err == nil {
+				killCgroupTree(dir)
+			}
 		}
 	}
 }
 
-// killInstance kills every process of an instance's cgroups and removes
-// them, deepest first.
+// killInstance kills every process of an instance's cgroups and its
+// templates', and removes them, deepest first.
 func killInstance(instanceID string) {
-	killCgroupEverywhere("/" + cgroupRoot + "/" + instanceID + templatesSuffix)
-	killCgroupEverywhere("/" + cgroupRoot + "/" + instanceID)
+	killCgroupEverywhere("/"+cgroupRoot+"/"+instanceID+templatesSuffix, "/"+cgroupRoot+"/"+instanceID)
 	removeCgroupTree(instanceID, slog.New(slog.DiscardHandler))
 }
 

@@ -94,7 +94,7 @@ func (s *Server) httpHandler() (http.Handler, error) {
 	var handler http.Handler
 	switch s.opts.Transport {
 	case HTTP:
-		live := &liveRequests{m: map[string]*liveRequest{}}
+		live := &liveRequests{m: map[string]*liveRequest{}, stateless: s.opts.Stateless}
 		srv := s.mcpServer(live.originOf)
 		// The SDK's localhost DNS-rebinding protection stays on; its body
 		// limit is an http.MaxBytesReader.
@@ -120,7 +120,7 @@ func (s *Server) httpHandler() (http.Handler, error) {
 		handler = mcp.NewSSEHandler(func(r *http.Request) *mcp.Server {
 			streams.Add(1)
 			context.AfterFunc(r.Context(), func() { streams.Add(-1) })
-			o := origin{ctx: r.Context(), client: r.RemoteAddr}
+			o := origin{ctx: r.Context(), client: r.RemoteAddr, owner: "sse " + rand.Text()}
 			return s.mcpServer(func(*mcp.CallToolRequest) origin { return o })
 		}, &mcp.SSEOptions{MaxRequestBodyBytes: limit})
 	default:
@@ -327,6 +327,8 @@ const callHeader = "X-Mcp-Exec-Post"
 type liveRequests struct {
 	mu sync.Mutex
 	m  map[string]*liveRequest
+	// stateless: no request's session id names a client.
+	stateless bool
 }
 
 type liveRequest struct {
@@ -392,5 +394,10 @@ func (l *liveRequests) originOf(req *mcp.CallToolRequest) origin {
 		cancel()
 		return origin{ctx: ctx, client: "http"}
 	}
-	return origin{ctx: lr.ctx, client: lr.remote}
+	o := origin{ctx: lr.ctx, client: lr.remote}
+	if !l.stateless && lr.session != "" {
+		// A session id the SDK served the request under: one it made.
+		o.owner = "http " + lr.session
+	}
+	return o
 }

@@ -96,6 +96,15 @@ type Options struct {
 	PersistentMax      int
 	PersistentIdle     time.Duration
 	PersistentLifetime time.Duration
+	// PersistentPerClient of them one client may hold: an HTTP session,
+	// a legacy SSE stream, the stdio peer (in stateless HTTP, where no
+	// client is known, only PersistentMax bounds them). 0: half of
+	// PersistentMax, at least one, so that no one client takes them all.
+	PersistentPerClient int
+	// PersistentBackground: a session's threads run on between its
+	// calls; otherwise its sandbox is frozen between them (the tool's
+	// description says which).
+	PersistentBackground bool
 
 	// Transport, AuthToken and the rest below configure the HTTP
 	// transports.
@@ -123,6 +132,14 @@ type Options struct {
 	Metrics *prometheus.Registry
 	Tracer  trace.Tracer
 	Ready   func() error
+}
+
+// perClient is how many persistent sessions one client may hold.
+func (o Options) perClient() int {
+	if o.PersistentPerClient > 0 {
+		return o.PersistentPerClient
+	}
+	return max(1, o.PersistentMax/2)
 }
 
 // Transport is how the server speaks MCP.
@@ -172,6 +189,9 @@ func (o Options) Validate() error {
 	}
 	if o.PersistentMax > 0 && (o.PersistentIdle <= 0 || o.PersistentLifetime <= 0) {
 		errs = append(errs, errors.New("{PersistentIdle} and {PersistentLifetime} must be > 0 while persistent sessions are on"))
+	}
+	if o.PersistentPerClient < 0 || (o.PersistentMax > 0 && o.PersistentPerClient > o.PersistentMax) {
+		errs = append(errs, fmt.Errorf("{PersistentPerClient} must be ≥ 1 and ≤ {PersistentMax} (%d), got %d", o.PersistentMax, o.PersistentPerClient))
 	}
 	if o.Transport != Stdio {
 		switch {
@@ -292,10 +312,13 @@ type execOutput struct {
 }
 
 // origin is what carried a call: Done of ctx means its client is gone (nil:
-// only the SDK's own cancellation applies), client names it in the audit log.
+// only the SDK's own cancellation applies), client names it in the audit
+// log, and owner is the client its persistent sessions count against
+// (PersistentPerClient): "" where no client is known (stateless HTTP).
 type origin struct {
 	ctx    context.Context
 	client string
+	owner  string
 }
 
 // mcpServer returns an MCP server with the exec tool. originOf tells each
@@ -400,8 +423,11 @@ func (s *Server) description() string {
 	b.WriteString("A non-zero exit, a timeout or hitting the memory limit is a normal result (exit_code, timed_out, oom_killed), not an error.")
 	if o.PersistentMax > 0 {
 		fmt.Fprintf(&b, " To keep state between calls (load data once, then explore it), start a persistent session with session \"new\" and pass the returned session handle in later calls: they run one at a time in the same interpreter, like notebook cells; end_session: true ends it. "+
-			"A session has the same limits, its own sandbox, and ends after %s s without a call, %s s in all, on a timeout the code does not stop for (it gets KeyboardInterrupt first), on sys.exit() or at the memory limit; at most %d are open.",
-			fmtSeconds(o.PersistentIdle), fmtSeconds(o.PersistentLifetime), o.PersistentMax)
+			"A session has the same limits, its own sandbox, and ends after %s s without a call, %s s in all, on a timeout the code does not stop for (it gets KeyboardInterrupt first), on sys.exit() or at the memory limit; at most %d are open, %d per client.",
+			fmtSeconds(o.PersistentIdle), fmtSeconds(o.PersistentLifetime), o.PersistentMax, o.perClient())
+		if !o.PersistentBackground {
+			b.WriteString(" Between calls a session is paused: threads and processes the code started run only while a call runs.")
+		}
 	}
 	if info.Note != "" {
 		b.WriteString(" " + info.Note)
@@ -466,7 +492,7 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 			defer context.AfterFunc(o.ctx, cancel)()
 		}
 
-		res, timeout, so, err := s.exec(ctx, req, in, o.client)
+		res, timeout, so, err := s.exec(ctx, req, in, o)
 		rec.setResult(res, timeout, err)
 		if so.handle != "" {
 			rec.Session, rec.SessionEnded = sessionID(so.handle), so.ended
@@ -508,9 +534,9 @@ type sessionOut struct{ handle, ended string }
 
 // exec validates the input, waits for a free slot and runs the code: in a
 // fresh sandbox, or in the persistent session the input names.
-func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInput, client string) (runtime.Result, time.Duration, sessionOut, error) {
+func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInput, o origin) (runtime.Result, time.Duration, sessionOut, error) {
 	if in.Session != "" || in.EndSession {
-		return s.execInSession(ctx, req, in, client)
+		return s.execInSession(ctx, req, in, o)
 	}
 	timeout, files, err := s.validateCall(in)
 	if err != nil {
@@ -565,7 +591,7 @@ func (s *Server) live(req *mcp.CallToolRequest) *runtime.Live {
 
 // execInSession runs a call in a persistent session: a new one, or the
 // one its handle names, after that session's earlier calls.
-func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in execInput, client string) (runtime.Result, time.Duration, sessionOut, error) {
+func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in execInput, o origin) (runtime.Result, time.Duration, sessionOut, error) {
 	var none sessionOut
 	fail := func(err error) (runtime.Result, time.Duration, sessionOut, error) {
 		return runtime.Result{}, 0, none, &inputError{err}
@@ -596,7 +622,7 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 	defer s.progress(ctx, req, &stage, live)()
 	var h *held
 	if in.Session == "new" {
-		if err := s.persist.reserve(); err != nil {
+		if err := s.persist.reserve(o.owner); err != nil {
 			return fail(err)
 		}
 	} else {
@@ -618,7 +644,7 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 
 	if err := s.acquire(ctx); err != nil {
 		if h == nil {
-			s.persist.unreserve()
+			s.persist.unreserve(o.owner)
 		} else {
 			s.persist.release(h, "")
 		}
@@ -629,10 +655,10 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 	if h == nil {
 		sess, err := s.eng.NewSession(ctx)
 		if err != nil {
-			s.persist.unreserve()
+			s.persist.unreserve(o.owner)
 			return runtime.Result{}, timeout, none, err
 		}
-		if h, err = s.persist.open(sess, client); err != nil {
+		if h, err = s.persist.open(sess, o.client, o.owner); err != nil {
 			return runtime.Result{}, timeout, none, err
 		}
 	}

@@ -65,19 +65,21 @@ const rememberEnded = 4096
 type sessions struct {
 	srv *Server
 
-	mu      sync.Mutex
-	live    map[string]*held
-	opening int // "new" calls making their sandbox
-	ended   map[string]string
-	order   []string // ended handles, oldest first
-	closed  bool
+	mu        sync.Mutex
+	live      map[string]*held
+	opening   int            // "new" calls making their sandbox
+	openingBy map[string]int // of them, by owner
+	ended     map[string]string
+	order     []string // ended handles, oldest first
+	closed    bool
 }
 
 // held is one live session.
 type held struct {
 	handle, id string
 	sess       Session
-	client     string
+	client     string // for the log and audit log
+	owner      string // the client it counts against (PersistentPerClient)
 	created    time.Time
 
 	mu       sync.Mutex
@@ -90,31 +92,54 @@ type held struct {
 }
 
 func newSessions(s *Server) *sessions {
-	return &sessions{srv: s, live: map[string]*held{}, ended: map[string]string{}}
+	return &sessions{srv: s, live: map[string]*held{}, openingBy: map[string]int{}, ended: map[string]string{}}
 }
 
-// reserve makes room for a new session, or says why there is none.
-func (ss *sessions) reserve() error {
+// reserve makes room for a new session of owner (the client it counts
+// against; "" when none is known), or says why there is none.
+func (ss *sessions) reserve(owner string) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	max := ss.srv.opts.PersistentMax
-	switch {
+	o := ss.srv.opts
+	switch n := ss.owned(owner); {
 	case ss.closed:
 		return errors.New("the server is shutting down")
-	case len(ss.live)+ss.opening >= max:
-		return fmt.Errorf("session: %d persistent sessions are open, the most allowed (MCP_EXEC_PERSISTENT_MAX=%d); end one with end_session, or call without session", len(ss.live)+ss.opening, max)
+	case len(ss.live)+ss.opening >= o.PersistentMax:
+		return fmt.Errorf("session: %d persistent sessions are open, the most allowed (MCP_EXEC_PERSISTENT_MAX=%d); end one with end_session, or call without session", len(ss.live)+ss.opening, o.PersistentMax)
+	case owner != "" && n >= o.perClient():
+		return fmt.Errorf("session: this client holds %d persistent sessions, the most one client may (MCP_EXEC_PERSISTENT_PER_CLIENT=%d); end one with end_session, or call without session", n, o.perClient())
 	}
 	ss.opening++
+	ss.openingBy[owner]++
 	return nil
 }
 
-// open registers a new session's sandbox, made after reserve.
-func (ss *sessions) open(sess Session, client string) (*held, error) {
+// owned counts the sessions owner holds or is opening. ss.mu is held.
+func (ss *sessions) owned(owner string) int {
+	n := ss.openingBy[owner]
+	for _, h := range ss.live {
+		if h.owner == owner {
+			n++
+		}
+	}
+	return n
+}
+
+// opened ends owner's reservation. ss.mu is held.
+func (ss *sessions) opened(owner string) {
+	ss.opening--
+	if ss.openingBy[owner]--; ss.openingBy[owner] <= 0 {
+		delete(ss.openingBy, owner)
+	}
+}
+
+// open registers a new session's sandbox, made after owner's reserve.
+func (ss *sessions) open(sess Session, client, owner string) (*held, error) {
 	o := ss.srv.opts
-	h := &held{handle: newHandle(), sess: sess, client: client, created: time.Now()}
+	h := &held{handle: newHandle(), sess: sess, client: client, owner: owner, created: time.Now()}
 	h.id = sessionID(h.handle)
 	ss.mu.Lock()
-	ss.opening--
+	ss.opened(owner)
 	if ss.closed {
 		ss.mu.Unlock()
 		sess.Close()
@@ -139,10 +164,11 @@ func (ss *sessions) open(sess Session, client string) (*held, error) {
 	return h, nil
 }
 
-// unreserve gives back a reservation whose sandbox could not be made.
-func (ss *sessions) unreserve() {
+// unreserve gives back owner's reservation whose sandbox could not be
+// made.
+func (ss *sessions) unreserve(owner string) {
 	ss.mu.Lock()
-	ss.opening--
+	ss.opened(owner)
 	ss.mu.Unlock()
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -222,8 +224,8 @@ func TestSessionsEndAtShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	sess, _ := eng.NewSession(context.Background())
-	s.persist.reserve()
-	h, err := s.persist.open(sess, "test")
+	s.persist.reserve("test")
+	h, err := s.persist.open(sess, "test", "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,5 +322,155 @@ func TestSessionProgressWhileWaiting(t *testing.T) {
 	all := strings.Join(msgs, "\n")
 	if !strings.Contains(all, "waiting for the persistent session's earlier calls") || !strings.Contains(all, "running for") {
 		t.Errorf("progress messages of a call that waited its turn, then ran:\n%s", all)
+	}
+}
+
+// clientAs connects another go-sdk client to s, over in-memory transports,
+// as the client owner (its persistent sessions count against it).
+func clientAs(t *testing.T, s *Server, owner string) *mcp.ClientSession {
+	t.Helper()
+	srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: owner, owner: owner} })
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := srv.Connect(context.Background(), st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: owner, Version: "1"}, nil).Connect(context.Background(), ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close(); ss.Wait() })
+	return cs
+}
+
+// One client holds at most PersistentPerClient sessions, half of
+// PersistentMax by default: its fifth "new" of eight is refused, naming
+// the variable, while another client still gets one; ending one of its
+// own makes room again. Where no client is known (stateless HTTP: owner
+// ""), only PersistentMax bounds them.
+func TestSessionsPerClient(t *testing.T) {
+	o := sessionOptions()
+	o.PersistentMax = 8
+	srv, _ := connect(t, newFakeEngine(), o, nil)
+	a, b := clientAs(t, srv, "a"), clientAs(t, srv, "b")
+	var held []string
+	for range 4 {
+		out, _ := call(t, a, map[string]any{"code": "set:x=1", "session": "new"})
+		held = append(held, out.Session)
+	}
+	if msg := callErr(t, a, map[string]any{"code": "set:x=1", "session": "new"}); !strings.Contains(msg, "MCP_EXEC_PERSISTENT_PER_CLIENT=4") {
+		t.Errorf("a client's fifth session: %q, want a refusal naming MCP_EXEC_PERSISTENT_PER_CLIENT=4", msg)
+	}
+	if out, _ := call(t, b, map[string]any{"code": "set:x=1", "session": "new"}); out.Session == "" {
+		t.Errorf("another client's first session: %+v", out)
+	}
+	// A client may use, and end, a session another made; it counts
+	// against the one that made it.
+	call(t, b, map[string]any{"code": "", "session": held[0], "end_session": true})
+	if out, _ := call(t, a, map[string]any{"code": "set:x=1", "session": "new"}); out.Session == "" {
+		t.Errorf("a client's session after one of its own ended: %+v", out)
+	}
+
+	o.PersistentPerClient = 2
+	srv, _ = connect(t, newFakeEngine(), o, nil)
+	a = clientAs(t, srv, "a")
+	call(t, a, map[string]any{"code": "set:x=1", "session": "new"})
+	call(t, a, map[string]any{"code": "set:x=1", "session": "new"})
+	if msg := callErr(t, a, map[string]any{"code": "set:x=1", "session": "new"}); !strings.Contains(msg, "MCP_EXEC_PERSISTENT_PER_CLIENT=2") {
+		t.Errorf("past MCP_EXEC_PERSISTENT_PER_CLIENT=2: %q", msg)
+	}
+
+	o.PersistentPerClient = 0
+	srv, _ = connect(t, newFakeEngine(), o, nil)
+	anyone := clientAs(t, srv, "")
+	for i := range 8 {
+		if msg := callErr(t, anyone, map[string]any{"code": "set:x=1", "session": "new"}); msg != "" {
+			t.Fatalf("session %d where no client is known: %q", i+1, msg)
+		}
+	}
+	if msg := callErr(t, anyone, map[string]any{"code": "set:x=1", "session": "new"}); !strings.Contains(msg, "MCP_EXEC_PERSISTENT_MAX=8") {
+		t.Errorf("past the server's maximum: %q", msg)
+	}
+}
+
+// Over streamable HTTP a client is an HTTP session: two of them each get
+// their share, and the third session of one is refused. In stateless
+// mode no request names a client: the server's maximum alone bounds them.
+func TestSessionsPerClientOverHTTP(t *testing.T) {
+	for _, stateless := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stateless=%v", stateless), func(t *testing.T) {
+			o := sessionOptions()
+			o.PersistentMax, o.Transport, o.AuthToken, o.Stateless = 4, HTTP, testToken, stateless
+			s, err := New(newFakeEngine(), o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan error, 1)
+			go func() { served <- s.ServeHTTP(ctx, ln) }()
+			t.Cleanup(func() { cancel(); <-served })
+			url := "http://" + ln.Addr().String() + "/mcp"
+			clients := make([]*mcp.ClientSession, 2)
+			for i := range clients {
+				cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(ctx,
+					&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearer{}}}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { cs.Close() })
+				clients[i] = cs
+			}
+			a, b := clients[0], clients[1]
+			call(t, a, map[string]any{"code": "set:x=1", "session": "new"})
+			call(t, a, map[string]any{"code": "set:x=1", "session": "new"})
+			msg := callErr(t, a, map[string]any{"code": "set:x=1", "session": "new"})
+			switch {
+			case !stateless && !strings.Contains(msg, "MCP_EXEC_PERSISTENT_PER_CLIENT=2"):
+				t.Errorf("an HTTP session's third session: %q, want a refusal naming MCP_EXEC_PERSISTENT_PER_CLIENT=2", msg)
+			case stateless && msg != "":
+				t.Errorf("stateless, a client's third session: %q, want one (no client is known)", msg)
+			}
+			if msg := callErr(t, b, map[string]any{"code": "set:x=1", "session": "new"}); msg != "" {
+				t.Errorf("another HTTP session's first session: %q", msg)
+			}
+		})
+	}
+}
+
+// bearer adds the test token to each request.
+type bearer struct{}
+
+func (bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+testToken)
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// A session is paused between calls unless the operator said otherwise,
+// and the description says which, with a client's share.
+func TestDescriptionSessionsPause(t *testing.T) {
+	o := sessionOptions()
+	o.PersistentMax = 8
+	s, err := New(newFakeEngine(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := s.description(); !strings.Contains(d, "at most 8 are open, 4 per client") || !strings.Contains(d, "Between calls a session is paused") {
+		t.Errorf("the description does not say a session pauses between calls, nor a client's share: %s", d)
+	}
+	o.PersistentBackground = true
+	if s, err = New(newFakeEngine(), o); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.description(); strings.Contains(d, "paused") {
+		t.Errorf("sessions run in the background, yet the description says they pause: %s", d)
+	}
+	o.PersistentPerClient = 9
+	if _, err := New(newFakeEngine(), o); err == nil || !strings.Contains(err.Error(), "{PersistentPerClient}") {
+		t.Errorf("a client's share above the maximum: %v, want an error naming {PersistentPerClient}", err)
 	}
 }

@@ -25,11 +25,12 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 
 // Serve serves one MCP session on t until it ends or ctx is done; then it
 // kills the running calls and returns once they are torn down. client
-// names the peer in the audit log.
+// names the peer in the audit log, and is the one client its persistent
+// sessions count against.
 func (s *Server) Serve(ctx context.Context, t mcp.Transport, client string) error {
 	s.serving(ctx)
 	defer s.drain()
-	srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: client} })
+	srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: client, owner: client} })
 	return srv.Run(ctx, t)
 }
 

@@ -58,13 +58,18 @@ type config struct {
 	PersistentMax      int
 	PersistentIdle     time.Duration
 	PersistentLifetime time.Duration
-	AuditLog           string
-	SessionIdle        time.Duration
-	MaxSessions        int
-	HTTPStateless      bool
-	StateDir           string
-	RunscPath          string
-	RunscPlatform      string
+	// PersistentPerClient sessions one client may hold (0: the server's
+	// default, half of PersistentMax); PersistentBackground lets a
+	// session's threads run between its calls instead of freezing it.
+	PersistentPerClient  int
+	PersistentBackground bool
+	AuditLog             string
+	SessionIdle          time.Duration
+	MaxSessions          int
+	HTTPStateless        bool
+	StateDir             string
+	RunscPath            string
+	RunscPlatform        string
 	// Egress is the network sandboxes may reach (egress.go); the zero
 	// value is none.
 	Egress egress.Settings
@@ -171,6 +176,8 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_PERSISTENT_MAX", "persistent-max", "persistent sessions open at most (a sandbox each, kept between a caller's calls); 0 turns them off", integer(&c.PersistentMax, 0)},
 			setting{"MCP_EXEC_PERSISTENT_IDLE_S", "persistent-idle", "a persistent session without a call this long is ended", seconds(&c.PersistentIdle)},
 			setting{"MCP_EXEC_PERSISTENT_LIFETIME_S", "persistent-lifetime", "a persistent session is ended this long after it began", seconds(&c.PersistentLifetime)},
+			setting{"MCP_EXEC_PERSISTENT_PER_CLIENT", "persistent-per-client", "persistent sessions one client (an HTTP session, the stdio peer) may hold; default half of persistent-max", integer(&c.PersistentPerClient, 1)},
+			setting{"MCP_EXEC_PERSISTENT_BACKGROUND", "persistent-background", "a persistent session's threads and processes run on between its calls, each session using up to its CPU quota beside max-concurrency (default false: frozen between calls)", boolean(&c.PersistentBackground)},
 			setting{"MCP_EXEC_AUDIT_LOG", "audit-log", "path of the audit log (JSON lines), or - for stderr", str(&c.AuditLog)},
 			setting{"MCP_EXEC_SESSION_IDLE_S", "session-idle", "an HTTP session idle this long is closed", seconds(&c.SessionIdle)},
 			setting{"MCP_EXEC_MAX_SESSIONS", "max-sessions", "HTTP sessions open at most; a new one closes the least recently used", integer(&c.MaxSessions, 1)},
@@ -217,6 +224,7 @@ func loadConfig(fs *flag.FlagSet, args []string, getenv func(string) (string, bo
 	if !queuedByEnv && !queuedByFlag {
 		cfg.MaxQueued = 4 * cfg.MaxConcurrency
 	}
+
 	// The libraries name fields; the operator reads variables.
 	return cfg, named(cfg.validate(serverOnly))
 }
@@ -314,22 +322,24 @@ func parsePoolSize(s string) (int, error) {
 // serverOptions are the server's part of the configuration.
 func (c *config) serverOptions() server.Options {
 	return server.Options{
-		DefaultTimeout:     c.DefaultTimeout,
-		MaxTimeout:         c.MaxTimeout,
-		CallCaps:           c.CallCaps,
-		Limits:             c.Limits,
-		MaxConcurrency:     c.MaxConcurrency,
-		MaxQueued:          c.MaxQueued,
-		Progress:           c.Progress,
-		PersistentMax:      c.PersistentMax,
-		PersistentIdle:     c.PersistentIdle,
-		PersistentLifetime: c.PersistentLifetime,
-		Transport:          c.Transport,
-		AuthToken:          c.AuthToken,
-		SessionIdle:        c.SessionIdle,
-		MaxSessions:        c.MaxSessions,
-		Stateless:          c.HTTPStateless,
-		Version:            version,
+		DefaultTimeout:       c.DefaultTimeout,
+		MaxTimeout:           c.MaxTimeout,
+		CallCaps:             c.CallCaps,
+		Limits:               c.Limits,
+		MaxConcurrency:       c.MaxConcurrency,
+		MaxQueued:            c.MaxQueued,
+		Progress:             c.Progress,
+		PersistentMax:        c.PersistentMax,
+		PersistentIdle:       c.PersistentIdle,
+		PersistentLifetime:   c.PersistentLifetime,
+		PersistentPerClient:  c.PersistentPerClient,
+		PersistentBackground: c.PersistentBackground,
+		Transport:            c.Transport,
+		AuthToken:            c.AuthToken,
+		SessionIdle:          c.SessionIdle,
+		MaxSessions:          c.MaxSessions,
+		Stateless:            c.HTTPStateless,
+		Version:              version,
 	}
 }
 

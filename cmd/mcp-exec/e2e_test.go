@@ -648,6 +648,10 @@ func TestBinaryConfigErrors(t *testing.T) {
 		{[]string{"MCP_EXEC_MAX_QUEUED=-1"}, nil, "MCP_EXEC_MAX_QUEUED"},
 		{[]string{"MCP_EXEC_SESSION_IDLE_S=0"}, nil, "MCP_EXEC_SESSION_IDLE_S"},
 		{[]string{"MCP_EXEC_HTTP_STATELESS=maybe"}, nil, "MCP_EXEC_HTTP_STATELESS"},
+		{[]string{"MCP_EXEC_PERSISTENT_PER_CLIENT=0"}, nil, "MCP_EXEC_PERSISTENT_PER_CLIENT"},
+		{[]string{"MCP_EXEC_PERSISTENT_PER_CLIENT=9"}, nil, "MCP_EXEC_PERSISTENT_PER_CLIENT"},
+		{[]string{"MCP_EXEC_PERSISTENT_MAX=2", "MCP_EXEC_PERSISTENT_PER_CLIENT=3"}, nil, "MCP_EXEC_PERSISTENT_PER_CLIENT"},
+		{[]string{"MCP_EXEC_PERSISTENT_BACKGROUND=sometimes"}, nil, "MCP_EXEC_PERSISTENT_BACKGROUND"},
 	} {
 		stateDir := filepath.Join(t.TempDir(), "state")
 		cmd := exec.Command(bin, append([]string{"serve"}, tc.args...)...)

@@ -42,6 +42,8 @@ type engine struct {
 	// on one prepared for the call.
 	pool *runtime.Pool
 	log  *slog.Logger
+	// sessions configures each persistent session's sandbox.
+	sessions runtime.SessionConfig
 	// watch sees any change to the served rootfs (and packages dir):
 	// calls are refused from then on (checkRootfs).
 	watch       *rootfs.Watcher
@@ -71,7 +73,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 			rt.Close()
 		}
 	}()
-	s := &engine{rt: rt, log: log}
+	s := &engine{rt: rt, log: log, sessions: runtime.SessionConfig{Background: cfg.PersistentBackground}}
 	s.pool = s.newPool(0, false)
 	defer func() {
 		if retErr != nil {
@@ -442,7 +444,7 @@ func (s *engine) NewSession(ctx context.Context) (server.Session, error) {
 	if err := s.checkRootfs(); err != nil {
 		return nil, err
 	}
-	sess, err := s.pool.NewSession(ctx)
+	sess, err := s.pool.NewSession(ctx, s.sessions)
 	if err != nil {
 		return nil, named(err)
 	}

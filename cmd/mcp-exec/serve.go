@@ -111,10 +111,16 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, rawSt
 	go boundCache(ctx, cfg, log, ec.cache)
 	// What the sandboxes may hold at most: the calls running at once and
 	// the persistent sessions, each up to the memory limit, beside the
-	// sandboxes the pool keeps ready.
+	// sandboxes the pool keeps ready; and the CPU they may use at once:
+	// the calls', and, when they run between their calls, the sessions'.
 	log.Info("sandbox ready", "runtime", eng.Info().Runtime, "python", eng.pythonVersion, "max_concurrency", cfg.MaxConcurrency,
-		"pool", poolDesc(cfg.PoolSize), "persistent_max", cfg.PersistentMax,
-		"sandbox_memory_max_mib", int64(cfg.MaxConcurrency+cfg.PersistentMax)*cfg.Limits.MemoryBytes/mib)
+		"pool", poolDesc(cfg.PoolSize), "persistent_max", cfg.PersistentMax, "persistent_background", cfg.PersistentBackground,
+		"sandbox_memory_max_mib", int64(cfg.MaxConcurrency+cfg.PersistentMax)*cfg.Limits.MemoryBytes/mib,
+		"sandbox_cpus_max", sandboxCPUs(cfg))
+	if cfg.PersistentBackground && cfg.PersistentMax > 0 {
+		log.Warn("persistent sessions run between their calls (MCP_EXEC_PERSISTENT_BACKGROUND=true): each may use its CPU quota at any time, beside MCP_EXEC_MAX_CONCURRENCY",
+			"persistent_max", cfg.PersistentMax, "cpus_each", cfg.Limits.CPUs, "sessions_cpus_max", float64(cfg.PersistentMax)*cfg.Limits.CPUs)
+	}
 
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
 		debug.SetMemoryLimit(server.MemoryTarget)
@@ -210,4 +216,16 @@ func poolDesc(n int) string {
 		return "adaptive"
 	}
 	return fmt.Sprint(n)
+}
+
+// sandboxCPUs is the CPU the sandboxes may use at once, in cores: each
+// running call's quota and, when persistent sessions run between their
+// calls (MCP_EXEC_PERSISTENT_BACKGROUND), each session's; a frozen session
+// uses none outside its calls, which are among the running ones.
+func sandboxCPUs(cfg config) float64 {
+	n := cfg.MaxConcurrency
+	if cfg.PersistentBackground {
+		n += cfg.PersistentMax
+	}
+	return float64(n) * cfg.Limits.CPUs
 }

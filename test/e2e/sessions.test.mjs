@@ -5,7 +5,9 @@
 // Besides what a session keeps and ends on, the suite checks that two
 // sessions, and a call without one, do not meet; that the last
 // expression comes back as result; that progress messages carry a running
-// call's newest output; and that a killed server leaves nothing behind.
+// call's newest output; that a session is frozen between its calls and a
+// client holds at most its share; and that a killed server, its sessions
+// frozen, leaves nothing behind.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
@@ -261,6 +263,33 @@ describe('persistent session limits (libcontainer)', () => {
       assert.match(msg, /lifetime/);
     } finally {
       await client.close();
+      await srv.stop();
+    }
+  });
+
+  it('a session is frozen between calls; a client holds at most half the sessions', async () => {
+    const srv = await startServer({ transport: 'http', label: 'sessions-frozen' });
+    const a = await connect(srv);
+    const b = await connect(srv);
+    try {
+      // A thread that counts, and its own CPU clock: it counts only while
+      // a call runs.
+      const s = await exec(a, {
+        code: 'import threading, time\nn = 0\ndef count():\n    global n\n    while True:\n        n += 1\nt = threading.Thread(target=count, daemon=True)\nt.start()\nclock = time.pthread_getcpuclockid(t.ident)\ntime.sleep(0.2)\nat_end = time.clock_gettime(clock)',
+        session: 'new',
+      });
+      await sleep(1500);
+      const gap = await exec(a, { code: 'round(time.clock_gettime(clock) - at_end, 3)', session: s.session });
+      assert.ok(Number(gap.result) < 0.5, `the counting thread ran ${gap.result} s of CPU in the 1.5 s between two calls`);
+      // Three more of a's own (4 of the 8), then a's fifth is refused,
+      // naming the variable, while b still gets one.
+      for (let i = 0; i < 3; i++) await exec(a, { code: 'pass', session: 'new' });
+      assert.match(await execError(a, { code: 'pass', session: 'new' }), /MCP_EXEC_PERSISTENT_PER_CLIENT=4/);
+      const other = await exec(b, { code: 'pass', session: 'new' });
+      assert.match(other.session, /^ps_/);
+    } finally {
+      await a.close();
+      await b.close();
       await srv.stop();
     }
   });
