@@ -3,10 +3,14 @@ package rootfs
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -24,16 +28,40 @@ var ErrChanged = errors.New("the rootfs changed while the server serves it")
 // tree, before the server serves a call), and the server refuses calls
 // from then on, naming the path, rather than run on a rootfs nobody proved.
 //
+// inotify does not see every change: a write through a shared mapping
+// of a file, or a filesystem mounted over a file or dir of the tree. So
+// the mount table is checked too whenever the kernel says it changed
+// (before each call), and every file's inode, size and change time are
+// compared with what they were at Watch, every rescanEvery in the
+// background (a write through a mapping moves the change time).
+//
 // What it cannot see: a write through a hard link from outside the tree
-// (a built rootfs has none: its files are copies) and a change made while
-// no server watched (the rootfs is proved again at start).
+// (a built rootfs has none: its files are copies) between scans, and a
+// change made while no server watched (the rootfs is proved again at
+// start).
 type Watcher struct {
-	mu    sync.Mutex
-	fd    int              // non-blocking; -1 once closed
-	dirs  map[int32]string // watch descriptor → dir
-	roots []string         // the dirs Watch was given
-	first *ChangedError    // the first change seen, nil while none
+	mu     sync.Mutex
+	fd     int              // inotify, non-blocking; -1 once closed
+	dirs   map[int32]string // watch descriptor → dir
+	roots  []string         // the dirs Watch was given
+	first  *ChangedError    // the first change seen, nil while none
+	mounts *os.File         // /proc/self/mountinfo, polled for changes
+	inMnt  map[string]bool  // mount points under the roots at Watch
+	files  map[string]fileStamp
+	stop   chan struct{}
+	done   chan struct{}
 }
+
+// fileStamp is what a change to a file moves: its inode (replaced), its
+// size, its change time (written, through a mapping too, or chmod'ed).
+type fileStamp struct {
+	ino, ctimeNs uint64
+	size         int64
+}
+
+// rescanEvery is how often every file is stat'ed again. A variable for
+// tests.
+var rescanEvery = 30 * time.Second
 
 // watchMask is every event that says a dir or a file in it changed.
 const watchMask = unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_CLOSE_WRITE | unix.IN_CREATE | unix.IN_DELETE |
@@ -48,32 +76,153 @@ func Watch(dirs ...string) (_ *Watcher, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("watching the rootfs for changes: %w%s", err, limitHint(err))
 	}
-	w := &Watcher{fd: fd, dirs: map[int32]string{}, roots: dirs}
+	w := &Watcher{fd: fd, dirs: map[int32]string{}, roots: dirs, files: map[string]fileStamp{},
+		stop: make(chan struct{}), done: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			unix.Close(fd)
+			if w.mounts != nil {
+				w.mounts.Close()
+			}
 		}
 	}()
 	for _, root := range dirs {
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if !d.IsDir() {
-				return nil
-			}
-			wd, err := unix.InotifyAddWatch(fd, p, watchMask)
-			if err != nil {
-				return fmt.Errorf("%s: %w%s", p, err, limitHint(err))
-			}
-			w.dirs[int32(wd)] = p
-			return nil
-		})
-		if err != nil {
+		if err := w.add(root); err != nil {
 			return nil, fmt.Errorf("watching the rootfs for changes: %w", err)
 		}
 	}
+	var err2 error
+	if w.mounts, err2 = os.Open("/proc/self/mountinfo"); err2 != nil {
+		return nil, fmt.Errorf("watching the rootfs for changes: %w", err2)
+	}
+	w.inMnt = w.mountsUnder()
+	go w.rescan()
 	return w, nil
+}
+
+// add watches every dir under root and stamps every other entry.
+func (w *Watcher) add(root string) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			if st, ok := stamp(p); ok {
+				w.files[p] = st
+			}
+			return nil
+		}
+		wd, err := unix.InotifyAddWatch(w.fd, p, watchMask)
+		if err != nil {
+			return fmt.Errorf("%s: %w%s", p, err, limitHint(err))
+		}
+		w.dirs[int32(wd)] = p
+		return nil
+	})
+}
+
+// stamp is p's fileStamp, as lstat sees it.
+func stamp(p string) (fileStamp, bool) {
+	var st unix.Stat_t
+	if unix.Lstat(p, &st) != nil {
+		return fileStamp{}, false
+	}
+	return fileStamp{ino: st.Ino, size: st.Size, ctimeNs: uint64(st.Ctim.Nano())}, true
+}
+
+// mountsUnder reads the mount table and returns the mount points at or
+// below the roots.
+func (w *Watcher) mountsUnder() map[string]bool {
+	under := map[string]bool{}
+	if _, err := w.mounts.Seek(0, 0); err != nil {
+		return under
+	}
+	data, _ := io.ReadAll(w.mounts)
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMountPath(f[4])
+		for _, root := range w.roots {
+			if mp == root || strings.HasPrefix(mp, root+"/") {
+				under[mp] = true
+			}
+		}
+	}
+	return under
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// checkMounts notes a filesystem newly mounted at or below a root, when
+// the kernel says the mount table changed (POLLPRI on mountinfo, reset
+// by each poll). w.mu is held.
+func (w *Watcher) checkMounts() {
+	if w.mounts == nil || w.first != nil {
+		return
+	}
+	fds := []unix.PollFd{{Fd: int32(w.mounts.Fd()), Events: unix.POLLPRI}}
+	if n, _ := unix.Poll(fds, 0); n <= 0 || fds[0].Revents&(unix.POLLPRI|unix.POLLERR) == 0 {
+		return
+	}
+	for mp := range w.mountsUnder() {
+		if !w.inMnt[mp] {
+			w.noteAt(mp, "had a filesystem mounted on it")
+			return
+		}
+	}
+}
+
+// rescan compares every file's stamp with the one it had at Watch, every
+// rescanEvery, until Close or the first change.
+func (w *Watcher) rescan() {
+	defer close(w.done)
+	tick := time.NewTicker(rescanEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-tick.C:
+		}
+		if p, what := w.scan(); p != "" {
+			w.mu.Lock()
+			w.noteAt(p, what)
+			w.mu.Unlock()
+			return
+		}
+	}
+}
+
+// scan returns a file whose stamp moved since Watch, and how.
+func (w *Watcher) scan() (string, string) {
+	for p, was := range w.files {
+		now, ok := stamp(p)
+		switch {
+		case !ok:
+			return p, "was removed"
+		case now.ino != was.ino:
+			return p, "was replaced"
+		case now != was:
+			return p, "was written (its size or change time moved)"
+		}
+	}
+	return "", ""
 }
 
 // limitHint names the kernel's limit an inotify error hit.
@@ -118,8 +267,15 @@ func (w *Watcher) note(wd int32, mask uint32, name string) {
 		w.first = &ChangedError{Dir: w.roots[0], What: "changed more than the kernel could queue"}
 		return
 	}
-	p := filepath.Join(w.dirs[wd], name)
-	w.first = &ChangedError{Dir: p, Rel: ".", What: describeEvent(mask)}
+	w.noteAt(filepath.Join(w.dirs[wd], name), describeEvent(mask))
+}
+
+// noteAt keeps the first change, of the host path p. w.mu is held.
+func (w *Watcher) noteAt(p, what string) {
+	if w.first != nil {
+		return
+	}
+	w.first = &ChangedError{Dir: p, Rel: ".", What: what}
 	for _, root := range w.roots {
 		if rel, err := filepath.Rel(root, p); err == nil && !strings.HasPrefix(rel, "..") {
 			w.first.Dir, w.first.Rel = root, rel
@@ -167,6 +323,7 @@ func (w *Watcher) Changed() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.drain()
+	w.checkMounts()
 	if w.first == nil {
 		return nil
 	}
@@ -176,11 +333,15 @@ func (w *Watcher) Changed() error {
 // Close stops watching.
 func (w *Watcher) Close() error {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.fd < 0 {
+		w.mu.Unlock()
 		return nil
 	}
 	err := unix.Close(w.fd)
 	w.fd = -1
+	w.mounts.Close()
+	w.mu.Unlock()
+	close(w.stop)
+	<-w.done
 	return err
 }

@@ -4,7 +4,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // A Watcher names the first change to any file or dir of the trees it
@@ -72,6 +78,82 @@ func TestWatcherSeesChanges(t *testing.T) {
 				if ce.Dir != root || ce.Rel != tc.rel {
 					t.Errorf("Changed() names %s in %s, want %s", ce.Rel, ce.Dir, tc.rel)
 				}
+			}
+		})
+	}
+}
+
+// What inotify cannot see, the Watcher still does: a write through a
+// shared mapping (the next rescan sees the file's change time move) and a
+// filesystem mounted over a file or dir of the tree (the mount table,
+// checked whenever the kernel says it changed).
+func TestWatcherSeesWhatInotifyDoesNot(t *testing.T) {
+	old := rescanEvery
+	rescanEvery = 20 * time.Millisecond
+	defer func() { rescanEvery = old }()
+	for _, tc := range []struct {
+		name   string
+		root   bool
+		change func(t *testing.T, root string)
+		rel    string
+	}{
+		{"a write through a mapping", false, func(t *testing.T, root string) {
+			// A writer that keeps its file open: no close of a file open for
+			// writing to report either.
+			f, err := os.OpenFile(filepath.Join(root, "usr/lib/python3/os.py"), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			m, err := unix.Mmap(int(f.Fd()), 0, 8, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(m, "import x")
+			unix.Munmap(m)
+		}, "usr/lib/python3/os.py"},
+		{"a file bound over one", true, func(t *testing.T, root string) {
+			other := filepath.Join(t.TempDir(), "evil.py")
+			os.WriteFile(other, []byte("print('owned')\n"), 0o644)
+			target := filepath.Join(root, "usr/lib/python3/os.py")
+			if err := unix.Mount(other, target, "", unix.MS_BIND, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) })
+		}, "usr/lib/python3/os.py"},
+		{"a tmpfs on a dir", true, func(t *testing.T, root string) {
+			target := filepath.Join(root, "usr/lib/python3")
+			if err := unix.Mount("tmpfs", target, "tmpfs", 0, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) })
+		}, "usr/lib/python3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.root {
+				testenv.Root(t)
+			}
+			root := t.TempDir()
+			if err := os.MkdirAll(filepath.Join(root, "usr/lib/python3"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "usr/lib/python3/os.py"), []byte("import sys\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			w, err := Watch(root)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+			tc.change(t, root)
+			var ce *ChangedError
+			testenv.EventuallyWithin(t, 10*time.Second, "the change to be seen", func() bool {
+				return errors.As(w.Changed(), &ce)
+			})
+			// A mount over a dir hides what was in it: the rescan may name
+			// a file below it first.
+			if ce.Rel != tc.rel && !strings.HasPrefix(ce.Rel, tc.rel+"/") {
+				t.Errorf("Changed() names %s (%s), want %s or below", ce.Rel, ce.What, tc.rel)
 			}
 		})
 	}
