@@ -89,15 +89,15 @@ func TestWatcherSeesChanges(t *testing.T) {
 // checked whenever the kernel says it changed).
 func TestWatcherSeesWhatInotifyDoesNot(t *testing.T) {
 	old := rescanEvery
-	rescanEvery = 20 * time.Millisecond
 	defer func() { rescanEvery = old }()
 	for _, tc := range []struct {
 		name   string
 		root   bool
+		rescan time.Duration // the mounts are seen before a call, not by a scan
 		change func(t *testing.T, root string)
 		rel    string
 	}{
-		{"a write through a mapping", false, func(t *testing.T, root string) {
+		{"a write through a mapping", false, 20 * time.Millisecond, func(t *testing.T, root string) {
 			// A writer that keeps its file open: no close of a file open for
 			// writing to report either.
 			f, err := os.OpenFile(filepath.Join(root, "usr/lib/python3/os.py"), os.O_RDWR, 0)
@@ -112,7 +112,7 @@ func TestWatcherSeesWhatInotifyDoesNot(t *testing.T) {
 			copy(m, "import x")
 			unix.Munmap(m)
 		}, "usr/lib/python3/os.py"},
-		{"a file bound over one", true, func(t *testing.T, root string) {
+		{"a file bound over one", true, time.Hour, func(t *testing.T, root string) {
 			other := filepath.Join(t.TempDir(), "evil.py")
 			os.WriteFile(other, []byte("print('owned')\n"), 0o644)
 			target := filepath.Join(root, "usr/lib/python3/os.py")
@@ -121,7 +121,7 @@ func TestWatcherSeesWhatInotifyDoesNot(t *testing.T) {
 			}
 			t.Cleanup(func() { unix.Unmount(target, unix.MNT_DETACH) })
 		}, "usr/lib/python3/os.py"},
-		{"a tmpfs on a dir", true, func(t *testing.T, root string) {
+		{"a tmpfs on a dir", true, time.Hour, func(t *testing.T, root string) {
 			target := filepath.Join(root, "usr/lib/python3")
 			if err := unix.Mount("tmpfs", target, "tmpfs", 0, ""); err != nil {
 				t.Fatal(err)
@@ -133,6 +133,7 @@ func TestWatcherSeesWhatInotifyDoesNot(t *testing.T) {
 			if tc.root {
 				testenv.Root(t)
 			}
+			rescanEvery = tc.rescan
 			root := t.TempDir()
 			if err := os.MkdirAll(filepath.Join(root, "usr/lib/python3"), 0o755); err != nil {
 				t.Fatal(err)
