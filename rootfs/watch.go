@@ -3,9 +3,7 @@ package rootfs
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -45,7 +43,7 @@ type Watcher struct {
 	dirs   map[int32]string // watch descriptor → dir
 	roots  []string         // the dirs Watch was given
 	first  *ChangedError    // the first change seen, nil while none
-	mounts *os.File         // /proc/self/mountinfo, polled for changes
+	mounts int              // /proc/self/mountinfo, polled for changes; -1: none
 	inMnt  map[string]bool  // mount points under the roots at Watch
 	files  map[string]fileStamp
 	stop   chan struct{}
@@ -76,13 +74,13 @@ func Watch(dirs ...string) (_ *Watcher, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("watching the rootfs for changes: %w%s", err, limitHint(err))
 	}
-	w := &Watcher{fd: fd, dirs: map[int32]string{}, roots: dirs, files: map[string]fileStamp{},
+	w := &Watcher{fd: fd, mounts: -1, dirs: map[int32]string{}, roots: dirs, files: map[string]fileStamp{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 	defer func() {
 		if retErr != nil {
 			unix.Close(fd)
-			if w.mounts != nil {
-				w.mounts.Close()
+			if w.mounts >= 0 {
+				unix.Close(w.mounts)
 			}
 		}
 	}()
@@ -91,9 +89,10 @@ func Watch(dirs ...string) (_ *Watcher, retErr error) {
 			return nil, fmt.Errorf("watching the rootfs for changes: %w", err)
 		}
 	}
-	var err2 error
-	if w.mounts, err2 = os.Open("/proc/self/mountinfo"); err2 != nil {
-		return nil, fmt.Errorf("watching the rootfs for changes: %w", err2)
+	// A raw descriptor: one Go's poller held would have its change events
+	// taken by the poller's own epoll (each poll of mountinfo resets it).
+	if w.mounts, err = unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, fmt.Errorf("watching the rootfs for changes: %w", err)
 	}
 	w.inMnt = w.mountsUnder()
 	go w.rescan()
@@ -134,10 +133,10 @@ func stamp(p string) (fileStamp, bool) {
 // below the roots.
 func (w *Watcher) mountsUnder() map[string]bool {
 	under := map[string]bool{}
-	if _, err := w.mounts.Seek(0, 0); err != nil {
+	data, err := readAllAt(w.mounts)
+	if err != nil {
 		return under
 	}
-	data, _ := io.ReadAll(w.mounts)
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) < 5 {
@@ -151,6 +150,26 @@ func (w *Watcher) mountsUnder() map[string]bool {
 		}
 	}
 	return under
+}
+
+// readAllAt reads fd from its start to its end.
+func readAllAt(fd int) ([]byte, error) {
+	var out []byte
+	buf := make([]byte, 64<<10)
+	for off := int64(0); ; {
+		n, err := unix.Pread(fd, buf, off)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return out, err
+		}
+		if n == 0 {
+			return out, nil
+		}
+		out = append(out, buf[:n]...)
+		off += int64(n)
+	}
 }
 
 // unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
@@ -173,10 +192,10 @@ func unescapeMountPath(s string) string {
 // the kernel says the mount table changed (POLLPRI on mountinfo, reset
 // by each poll). w.mu is held.
 func (w *Watcher) checkMounts() {
-	if w.mounts == nil || w.first != nil {
+	if w.mounts < 0 || w.first != nil {
 		return
 	}
-	fds := []unix.PollFd{{Fd: int32(w.mounts.Fd()), Events: unix.POLLPRI}}
+	fds := []unix.PollFd{{Fd: int32(w.mounts), Events: unix.POLLPRI}}
 	if n, _ := unix.Poll(fds, 0); n <= 0 || fds[0].Revents&(unix.POLLPRI|unix.POLLERR) == 0 {
 		return
 	}
@@ -339,7 +358,8 @@ func (w *Watcher) Close() error {
 	}
 	err := unix.Close(w.fd)
 	w.fd = -1
-	w.mounts.Close()
+	unix.Close(w.mounts)
+	w.mounts = -1
 	w.mu.Unlock()
 	close(w.stop)
 	<-w.done
