@@ -662,7 +662,7 @@ func TestSummary(t *testing.T) {
 	}
 	got := s.summary(callText{out: execOutput{Stdout: "0123456789", Stderr: "err", ExitCode: 137, Signal: "SIGKILL", TimedOut: true, OOMKilled: true,
 		StdoutTruncated: true, StdoutBytes: 20, DurationMS: 42}, timeout: 1500 * time.Millisecond})
-	want := "exit code 137 (killed by SIGKILL, signal 9); timed out after 1.5 s: the sandbox was killed; killed by the memory limit (256 MiB); " +
+	want := "exit code 137, killed by SIGKILL (signal 9); timed out after 1.5 s: the sandbox was killed; killed by the memory limit (256 MiB); " +
 		"stdout truncated at 10 bytes (20 written) (42 ms)\n--- stdout ---\n0123456789\n--- stderr ---\nerr\n"
 	if got != want {
 		t.Errorf("summary = %q, want %q", got, want)

@@ -61,9 +61,9 @@ func (s *Server) verdictLine(c callText) string {
 	fmt.Fprintf(&b, "exit code %d", out.ExitCode)
 	switch {
 	case strings.HasPrefix(out.Signal, "SIG"):
-		fmt.Fprintf(&b, " (killed by %s, signal %d)", out.Signal, out.ExitCode-128)
+		fmt.Fprintf(&b, ", killed by %s (signal %d)", out.Signal, out.ExitCode-128)
 	case out.Signal != "":
-		fmt.Fprintf(&b, " (killed by %s)", out.Signal)
+		fmt.Fprintf(&b, ", killed by %s", out.Signal)
 	}
 	if out.TimedOut {
 		b.WriteString("; " + timeoutText(out, c.timeout))

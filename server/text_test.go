@@ -84,14 +84,14 @@ func TestVerdictTexts(t *testing.T) {
 		out  execOutput
 		want string
 	}{
-		{"SIGSEGV", execOutput{ExitCode: 139, Signal: "SIGSEGV"}, "exit code 139 (killed by SIGSEGV, signal 11) (0 ms)\n"},
+		{"SIGSEGV", execOutput{ExitCode: 139, Signal: "SIGSEGV"}, "exit code 139, killed by SIGSEGV (signal 11) (0 ms)\n"},
 		{"exit 139", execOutput{ExitCode: 139}, "exit code 139 (0 ms)\n"},
 		{"fresh timeout", execOutput{ExitCode: 137, Signal: "SIGKILL", TimedOut: true},
-			"exit code 137 (killed by SIGKILL, signal 9); timed out after 2 s: the sandbox was killed (0 ms)\n"},
+			"exit code 137, killed by SIGKILL (signal 9); timed out after 2 s: the sandbox was killed (0 ms)\n"},
 		{"session kept", execOutput{ExitCode: 130, TimedOut: true, Session: h},
 			"exit code 130; timed out after 2 s: the code was interrupted (KeyboardInterrupt) and stopped; the session and its variables live on; persistent session " + h + " (0 ms)\n"},
 		{"session killed", execOutput{ExitCode: 137, Signal: "SIGKILL", TimedOut: true, Session: h, SessionEnded: "timeout"},
-			"exit code 137 (killed by SIGKILL, signal 9); timed out after 2 s; persistent session " + h +
+			"exit code 137, killed by SIGKILL (signal 9); timed out after 2 s; persistent session " + h +
 				" ended (timeout: a call was still running a second after its KeyboardInterrupt, and the sandbox was killed) (0 ms)\n"},
 	} {
 		if got := s.verdictLine(callText{out: tc.out, timeout: 2 * time.Second}); got != tc.want {
@@ -104,7 +104,7 @@ func TestVerdictTexts(t *testing.T) {
 // its timeout says it lives on.
 func TestVerdictTextsThroughAClient(t *testing.T) {
 	_, cs := connect(t, newFakeEngine(), sessionOptions(), nil)
-	if out, res := call(t, cs, map[string]any{"code": "signal:11"}); out.Signal != "SIGSEGV" || !strings.HasPrefix(text(res), "exit code 139 (killed by SIGSEGV, signal 11)") {
+	if out, res := call(t, cs, map[string]any{"code": "signal:11"}); out.Signal != "SIGSEGV" || !strings.HasPrefix(text(res), "exit code 139, killed by SIGSEGV (signal 11)") {
 		t.Errorf("SIGSEGV: signal %q, text %q", out.Signal, text(res))
 	}
 	if out, res := call(t, cs, map[string]any{"code": "exit:139"}); out.Signal != "" || strings.Contains(text(res), "killed") {

@@ -102,7 +102,7 @@ func TestBinaryResults(t *testing.T) {
 	})
 	t.Run("signals", func(t *testing.T) {
 		if out, res := callResult(t, a, map[string]any{"code": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"}); out.Signal != "SIGSEGV" ||
-			!strings.HasPrefix(text(res), "exit code 139 (killed by SIGSEGV, signal 11)") {
+			!strings.HasPrefix(text(res), "exit code 139, killed by SIGSEGV (signal 11)") {
 			t.Errorf("SIGSEGV: %+v\n%s", out, text(res))
 		}
 		if out, res := callResult(t, a, map[string]any{"code": "import sys; sys.exit(139)"}); out.Signal != "" || strings.Contains(text(res), "killed") {
