@@ -148,3 +148,46 @@ os.chmod("outputs/sub", 0)`, 2},
 		}
 	})
 }
+
+// What is left out of /tmp/outputs is named, with its size and why: the
+// byte limit, the count limit, a directory past the walk's depth. The
+// files come back in the order the walk found them (by name).
+func TestLeftOutFilesAreNamed(t *testing.T) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+		h.cfg.MaxFiles, h.cfg.MaxFileBytes = 3, 1<<20
+		res := h.mustRun(`import os
+os.chdir("outputs")
+open("a.bin", "wb").write(b"a" * 700_000)
+open("b.bin", "wb").write(b"b" * 500_000)   # past the 1 MiB with a.bin
+open("c.txt", "w").write("c")
+open("d.txt", "w").write("d")
+open("e.txt", "w").write("e")               # the 4th file: past the count
+d = "deep"
+for i in range(40):
+    d += "/d"
+os.makedirs(d)`)
+		var got []string
+		for _, f := range res.Files {
+			got = append(got, f.Path)
+		}
+		if want := []string{"a.bin", "c.txt", "d.txt"}; !slices.Equal(got, want) {
+			t.Errorf("files %v, want %v", got, want)
+		}
+		want := []runtime.LeftOut{
+			{Path: "b.bin", Size: 500_000, Why: runtime.LeftBytes},
+			{Path: "e.txt", Size: 1, Why: runtime.LeftCount},
+		}
+		var named []runtime.LeftOut
+		deep := false
+		for _, lo := range res.FilesLeftOut {
+			if lo.Why == runtime.LeftLimits && strings.HasPrefix(lo.Path, "deep/") && strings.HasSuffix(lo.Path, "/") {
+				deep = true
+				continue
+			}
+			named = append(named, lo)
+		}
+		if !slices.Equal(named, want) || !deep || !res.FilesTruncated {
+			t.Errorf("left out %+v (truncated %v), want %+v and the deep tree's cut named", res.FilesLeftOut, res.FilesTruncated, want)
+		}
+	})
+}

@@ -173,8 +173,9 @@ int outputs_empty(const struct config *c) {
 struct exporter {
 	const struct config *c;
 	uint64_t files, bytes, visited;
-	int skipped;
 	int unreadable; // a dir or file that could not be opened
+	int named;      // left out and named in an I_SKIPPED frame
+	int unnamed;    // left out past MAX_LEFT_OUT, or with no name to give
 };
 
 #define MAX_DEPTH 32
@@ -182,6 +183,25 @@ struct exporter {
 #define MAX_DIR_ENTRIES 4096
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// leave_out says that rel (a file, or a dir ending in '/') was left out,
+// why (a LEFT_ code) and its size: an I_SKIPPED frame of u8 why, u64 size
+// and the path, for the first MAX_LEFT_OUT; past them, one bare frame at
+// the end says more were.
+static void leave_out(struct exporter *x, int why, const char *rel, uint64_t size) {
+	size_t rl = strlen(rel);
+	if (x->named >= MAX_LEFT_OUT || rl > 4096) {
+		x->unnamed = 1;
+		return;
+	}
+	unsigned char head[9];
+	head[0] = (unsigned char)why;
+	put_u64(head + 1, size);
+	frame_head(I_SKIPPED, (uint32_t)(sizeof head + rl));
+	if (write_all(out_fd, head, sizeof head) < 0 || write_all(out_fd, rel, rl) < 0)
+		_exit(125);
+	x->named++;
+}
 
 // read_whole reads size bytes of fd: a file that shrank is not sent half.
 static unsigned char *read_whole(int fd, uint64_t size) {
@@ -205,7 +225,8 @@ static unsigned char *read_whole(int fd, uint64_t size) {
 static void send_file(struct exporter *x, int dir, const char *name, const char *rel) {
 	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
 	if (fd < 0) {
-		x->skipped = x->unreadable = 1;
+		x->unreadable = 1;
+		leave_out(x, LEFT_UNREADABLE, rel, 0);
 		return;
 	}
 	struct stat st;
@@ -216,14 +237,14 @@ static void send_file(struct exporter *x, int dir, const char *name, const char 
 	uint64_t size = (uint64_t)st.st_size;
 	size_t rl = strlen(rel);
 	if (x->files >= x->c->max_files || size > x->c->max_file_bytes - x->bytes || rl > 4096) {
-		x->skipped = 1;
+		leave_out(x, rl > 4096 ? LEFT_LIMITS : x->files >= x->c->max_files ? LEFT_COUNT : LEFT_BYTES, rel, size);
 		close(fd);
 		return;
 	}
 	unsigned char *data = read_whole(fd, size);
 	close(fd);
 	if (data == NULL) {
-		x->skipped = 1;
+		leave_out(x, LEFT_UNREADABLE, rel, size);
 		return;
 	}
 	unsigned char head[8];
@@ -239,8 +260,9 @@ static void send_file(struct exporter *x, int dir, const char *name, const char 
 	x->bytes += size;
 }
 
-// list_dir returns d's entry names, sorted, within the walk's bounds.
-static char **list_dir(struct exporter *x, DIR *d, size_t *n) {
+// list_dir returns d's entry names, sorted, within the walk's bounds;
+// prefix names d.
+static char **list_dir(struct exporter *x, DIR *d, const char *prefix, size_t *n) {
 	char **names = NULL;
 	struct dirent *e;
 	*n = 0;
@@ -248,7 +270,7 @@ static char **list_dir(struct exporter *x, DIR *d, size_t *n) {
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
 		if (++x->visited > MAX_VISITED || *n >= MAX_DIR_ENTRIES) {
-			x->skipped = 1;
+			leave_out(x, LEFT_LIMITS, prefix[0] ? prefix : "./", 0);
 			break;
 		}
 		char **more = realloc(names, (*n + 1) * sizeof *names);
@@ -267,7 +289,7 @@ static void walk(struct exporter *x, int dir, const char *prefix, int depth);
 static void walk_entry(struct exporter *x, int dir, const char *name, const char *prefix, int depth) {
 	char rel[PATH_MAX];
 	if (name == NULL || snprintf(rel, sizeof rel, "%s%s", prefix, name) >= (int)sizeof rel) {
-		x->skipped = 1;
+		x->unnamed = 1;
 		return;
 	}
 	struct stat st;
@@ -277,14 +299,15 @@ static void walk_entry(struct exporter *x, int dir, const char *name, const char
 		send_file(x, dir, name, rel);
 	} else if (S_ISDIR(st.st_mode)) {
 		// Symlinks, devices, FIFOs and sockets are never followed nor sent.
-		char subprefix[PATH_MAX];
+		char subprefix[PATH_MAX + 1];
+		if (snprintf(subprefix, sizeof subprefix, "%s/", rel) >= (int)sizeof subprefix) {
+			x->unnamed = 1;
+			return;
+		}
 		int sub = depth >= MAX_DEPTH ? -1 : openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 		if (sub < 0) {
-			x->skipped = 1;
 			x->unreadable |= depth < MAX_DEPTH;
-		} else if (snprintf(subprefix, sizeof subprefix, "%s/", rel) >= (int)sizeof subprefix) {
-			close(sub);
-			x->skipped = 1;
+			leave_out(x, depth < MAX_DEPTH ? LEFT_UNREADABLE : LEFT_LIMITS, subprefix, 0);
 		} else {
 			walk(x, sub, subprefix, depth + 1);
 		}
@@ -295,11 +318,12 @@ static void walk(struct exporter *x, int dir, const char *prefix, int depth) {
 	DIR *d = fdopendir(dir);
 	if (d == NULL) {
 		close(dir);
-		x->skipped = x->unreadable = 1;
+		x->unreadable = 1;
+		leave_out(x, LEFT_UNREADABLE, prefix[0] ? prefix : "./", 0);
 		return;
 	}
 	size_t n;
-	char **names = list_dir(x, d, &n);
+	char **names = list_dir(x, d, prefix, &n);
 	for (size_t i = 0; i < n; i++) {
 		walk_entry(x, dirfd(d), names[i], prefix, depth);
 		free(names[i]);
@@ -320,9 +344,11 @@ int export_outputs(const struct config *c, void *arg) {
 		close(work);
 	if (dir >= 0)
 		walk(&x, dir, "", 0);
-	else if (err != ENOENT)
-		x.skipped = x.unreadable = 1; // there, but not a dir it may read
-	if (x.skipped)
+	else if (err != ENOENT) {
+		x.unreadable = 1; // there, but not a dir it may read
+		leave_out(&x, LEFT_UNREADABLE, "./", 0);
+	}
+	if (x.unnamed)
 		frame(I_SKIPPED, NULL, 0);
 	if (x.unreadable)
 		report(I_NOTE, "some of outputs/ could not be read (the code took away its permissions): what it held there is not returned", 0);

@@ -36,7 +36,11 @@ import (
 //	                         of stdout and stderr, how long it ran, and why
 //	                         the init killed it (exitFlags); every other
 //	                         process of the code has been killed
-//	init → host  F path data a file from outputs/; T: one was left out
+//	init → host  F path data a file from outputs/
+//	init → host  T why size path
+//	                         an entry of outputs/ left out (u8 a leftOut
+//	                         reason, u64 its size, its path; a dir's ends
+//	                         in '/'); bare: more than maxLeftOut were
 //	init → host  N message   a note for the caller, added to the stderr
 //	init → host  D           done: the init exits
 //	init → host  Z           a session's call is over and all of it sent;
@@ -195,6 +199,16 @@ const maxFrame = 64 << 20
 // exitFrameLen is the size of the exit frame's payload: u32 wait status,
 // u64 stdout total, u64 stderr total, u64 ns the code ran, u32 exitFlags.
 const exitFrameLen = 4 + 8 + 8 + 8 + 4
+
+// Why an entry of outputs/ was left out (a T frame's first byte), and how
+// many are named at most: past them a bare T frame says more were.
+const (
+	leftCount      = 1 // the file count limit
+	leftBytes      = 2 // the byte limit of the call's files
+	leftUnreadable = 3 // it could not be read
+	leftLimits     = 4 // past the walk's bounds (depth, entries, path length)
+	maxLeftOut     = 64
+)
 
 // exitFlags say why the init itself killed the code.
 const (
@@ -494,7 +508,12 @@ var protocol = []protoDef{
 	{"I_STDERR", byte(iStderr), "stderr bytes, within the cap"},
 	{"I_EXIT", byte(iExit), "EXIT_FRAME_LEN bytes: the main process ended, every other is killed"},
 	{"I_OUTFILE", byte(iOutFile), "u16 path length, path, u64 size, data"},
-	{"I_SKIPPED", byte(iSkipped), "an output file was left out"},
+	{"I_SKIPPED", byte(iSkipped), "an entry of outputs/ left out: u8 LEFT_ why, u64 size, path; bare: more than MAX_LEFT_OUT"},
+	{"LEFT_COUNT", leftCount, "left out: the file count limit"},
+	{"LEFT_BYTES", leftBytes, "left out: the byte limit of the call's files"},
+	{"LEFT_UNREADABLE", leftUnreadable, "left out: it could not be read"},
+	{"LEFT_LIMITS", leftLimits, "left out: past the walk's bounds (depth, entries, path length)"},
+	{"MAX_LEFT_OUT", maxLeftOut, "entries of outputs/ left out that are named at most"},
 	{"I_NOTE", byte(iNote), "a note for the caller, added to the stderr"},
 	{"I_DONE", byte(iDone), "all is sent: the init exits"},
 	{"I_ERROR", byte(iError), "the sandbox could not do what was asked: message"},

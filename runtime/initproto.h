@@ -40,7 +40,12 @@
 #define I_STDERR             'E'                    // stderr bytes, within the cap
 #define I_EXIT               'X'                    // EXIT_FRAME_LEN bytes: the main process ended, every other is killed
 #define I_OUTFILE            'F'                    // u16 path length, path, u64 size, data
-#define I_SKIPPED            'T'                    // an output file was left out
+#define I_SKIPPED            'T'                    // an entry of outputs/ left out: u8 LEFT_ why, u64 size, path; bare: more than MAX_LEFT_OUT
+#define LEFT_COUNT           1                      // left out: the file count limit
+#define LEFT_BYTES           2                      // left out: the byte limit of the call's files
+#define LEFT_UNREADABLE      3                      // left out: it could not be read
+#define LEFT_LIMITS          4                      // left out: past the walk's bounds (depth, entries, path length)
+#define MAX_LEFT_OUT         64                     // entries of outputs/ left out that are named at most
 #define I_NOTE               'N'                    // a note for the caller, added to the stderr
 #define I_DONE               'D'                    // all is sent: the init exits
 #define I_ERROR              'W'                    // the sandbox could not do what was asked: message

@@ -103,6 +103,9 @@ func TestRunscExitCodes(t *testing.T) {
 			if res.ExitCode != tc.want || res.TimedOut || res.OOMKilled {
 				t.Errorf("Run(%q): exit %d timed_out %v oom %v, want exit %d and neither", tc.code, res.ExitCode, res.TimedOut, res.OOMKilled, tc.want)
 			}
+			if wantSig := max(0, tc.want-128); strings.HasPrefix(tc.name, "SIG") && res.Signal != wantSig || !strings.HasPrefix(tc.name, "SIG") && res.Signal != 0 {
+				t.Errorf("Run(%q): signal %d, want %d", tc.code, res.Signal, wantSig)
+			}
 		})
 	}
 	assertNoRunsc(t, h)

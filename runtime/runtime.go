@@ -142,6 +142,9 @@ type Result struct {
 	StdoutBytes, StderrBytes int64
 	// ExitCode is the exit status, or 128+N when a signal N ended it.
 	ExitCode int
+	// Signal is N when the signal N ended the code (ExitCode is then
+	// 128+N), else 0: an exit status of 128+N is not a signal.
+	Signal int
 	// TimedOut: the wall-clock limit was hit and the container killed.
 	TimedOut bool
 	// OOMKilled: the memory limit killed a process of the container.
@@ -171,6 +174,9 @@ type Result struct {
 	// the sandbox's limits; FilesTruncated says one was left out for them.
 	Files          []File
 	FilesTruncated bool
+	// FilesLeftOut names what was left out, the first maxLeftOut entries
+	// (FilesTruncated is true whenever one was, named or not).
+	FilesLeftOut []LeftOut
 	// Pooled: the sandbox was prepared ahead of the call (see Pool).
 	Pooled bool
 	// Value is the repr of the code's last statement when that is an
@@ -181,6 +187,32 @@ type Result struct {
 	// does (and for a call that is not a session's).
 	Ended EndReason
 }
+
+// LeftOut is an entry of /tmp/outputs that did not come back.
+type LeftOut struct {
+	// Path is relative to /tmp/outputs; a directory's ends in "/" ("./"
+	// for outputs itself).
+	Path string
+	// Size is the file's size in bytes (0 for a directory).
+	Size int64
+	Why  LeftOutReason
+}
+
+// LeftOutReason is why an output was left out.
+type LeftOutReason string
+
+const (
+	// LeftCount: the call's file count limit (CallCaps.MaxFiles).
+	LeftCount LeftOutReason = "count"
+	// LeftBytes: the call's byte limit of files (CallCaps.MaxFileBytes).
+	LeftBytes LeftOutReason = "bytes"
+	// LeftUnreadable: the code took its permissions away, or it changed
+	// while it was read.
+	LeftUnreadable LeftOutReason = "unreadable"
+	// LeftLimits: past the bounds of the walk of /tmp/outputs (depth 32,
+	// 100000 entries, 4096 in a directory, the path's length).
+	LeftLimits LeftOutReason = "limits"
+)
 
 // EndReason is why a session ended.
 type EndReason string

@@ -400,8 +400,12 @@ print(json.dumps({"Pid": os.getpid(), "Pids": sorted(int(p) for p in os.listdir(
 // orphans are reaped.
 func TestSignalsAndOrphans(t *testing.T) {
 	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
-		if res := h.mustRun(`import os, signal; os.kill(os.getpid(), signal.SIGTERM); print("survived")`); res.ExitCode != 128+15 || len(res.Stdout) != 0 {
-			t.Errorf("SIGTERM to itself: exit %d stdout %q, want 143 and nothing", res.ExitCode, res.Stdout)
+		if res := h.mustRun(`import os, signal; os.kill(os.getpid(), signal.SIGTERM); print("survived")`); res.ExitCode != 128+15 || res.Signal != 15 || len(res.Stdout) != 0 {
+			t.Errorf("SIGTERM to itself: exit %d signal %d stdout %q, want 143, 15 and nothing", res.ExitCode, res.Signal, res.Stdout)
+		}
+		// An exit status of 128+N is no signal.
+		if res := h.mustRun(`import sys; sys.exit(139)`); res.ExitCode != 139 || res.Signal != 0 {
+			t.Errorf("sys.exit(139): exit %d signal %d, want 139 and no signal", res.ExitCode, res.Signal)
 		}
 		// Each orphan says its pid; one that is still there after its
 		// exit is a zombie no one reaped. (By signal 0, not /proc: the

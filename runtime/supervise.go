@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -72,6 +73,7 @@ type callOutput struct {
 	stdout, stderr *cappedBuffer
 	files          []File
 	skipped        bool
+	leftOut        []LeftOut
 	notes          []string
 	value          []byte
 }
@@ -147,8 +149,12 @@ func (s *initConn) read(from *os.File) {
 			s.out.files = append(s.out.files, f)
 			s.mu.Unlock()
 		case iSkipped:
+			lo, named := decodeLeftOut(payload)
 			s.mu.Lock()
 			s.out.skipped = true
+			if named && len(s.out.leftOut) < maxLeftOut {
+				s.out.leftOut = append(s.out.leftOut, lo)
+			}
 			s.mu.Unlock()
 		case iResult:
 			s.mu.Lock()
@@ -212,6 +218,20 @@ func (s *initConn) watch(live *Live) {
 	s.mu.Lock()
 	s.live = live
 	s.mu.Unlock()
+}
+
+// decodeLeftOut reads a T frame: u8 why, u64 size, the path; a bare one
+// (or one malformed) names nothing.
+func decodeLeftOut(p []byte) (LeftOut, bool) {
+	if len(p) < 10 {
+		return LeftOut{}, false
+	}
+	why, ok := map[byte]LeftOutReason{leftCount: LeftCount, leftBytes: LeftBytes, leftUnreadable: LeftUnreadable, leftLimits: LeftLimits}[p[0]]
+	size := binary.BigEndian.Uint64(p[1:])
+	if !ok || size > math.MaxInt64 {
+		return LeftOut{}, false
+	}
+	return LeftOut{Path: strings.ToValidUTF8(string(p[9:]), "\uFFFD"), Size: int64(size), Why: why}, true
 }
 
 // decodeFile reads a file frame: a uint16 path length, the path, then (from
@@ -527,7 +547,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 	res.Stderr, res.StderrTruncated, res.StderrBytes = out.stderr.result()
 	res.Stdout, res.Stderr = capped(res.Stdout, req.MaxOutputBytes, &res.StdoutTruncated), capped(res.Stderr, req.MaxOutputBytes, &res.StderrTruncated)
 	res.Stderr = withNotes(res.Stderr, out.notes, req.MaxOutputBytes, &res.StderrTruncated)
-	res.Files, res.FilesTruncated = out.files, out.skipped
+	res.Files, res.FilesTruncated, res.FilesLeftOut = out.files, out.skipped, out.leftOut
 	res.Value = capped(out.value, req.MaxOutputBytes, &res.ValueTruncated)
 	killedForSockets := res.SocketsKilled
 	c.verdict(&res)
@@ -553,6 +573,9 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 	case exitEv != nil:
 		ws := exitEv.status
 		res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))
+		if ws.Signaled() {
+			res.Signal = int(ws.Signal())
+		}
 		// The init counted everything; it sent only what fits the cap.
 		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, exitEv.outTotal), max(res.StderrBytes, exitEv.errTotal)
 		res.StdoutTruncated = res.StdoutTruncated || exitEv.outTotal > int64(len(res.Stdout))
@@ -562,7 +585,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 		// killer, or under gVisor the whole sandbox ending, or a kill after
 		// the grace. The container was killed: say so as a signal would.
 		res.Duration = time.Since(start)
-		res.ExitCode = 128 + int(syscall.SIGKILL)
+		res.ExitCode, res.Signal = 128+int(syscall.SIGKILL), int(syscall.SIGKILL)
 	}
 	return res, idle, nil
 }

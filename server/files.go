@@ -21,6 +21,9 @@ type inputFile struct {
 	Path          string  `json:"path"`
 	Content       *string `json:"content,omitempty"`
 	ContentBase64 *string `json:"content_base64,omitempty"`
+	// URI names an output file of an earlier call of the same client
+	// (resources.go).
+	URI *string `json:"uri,omitempty"`
 }
 
 // outputFile describes a file returned from /tmp/outputs.
@@ -28,6 +31,14 @@ type outputFile struct {
 	Path     string `json:"path" jsonschema:"path relative to /tmp/outputs"`
 	Size     int64  `json:"size" jsonschema:"size in bytes"`
 	MIMEType string `json:"mime_type" jsonschema:"media type, from the name or the content"`
+	URI      string `json:"uri,omitempty" jsonschema:"the file as a resource of this server, kept for a while: readable with resources/read, and usable as files[].uri in a later call, by this client only; empty when the server keeps no files"`
+}
+
+// leftOutFile is an output that did not come back.
+type leftOutFile struct {
+	Path string `json:"path" jsonschema:"path relative to /tmp/outputs; a directory's ends in /"`
+	Size int64  `json:"size" jsonschema:"size in bytes (0 for a directory)"`
+	Why  string `json:"why" jsonschema:"count (past the file count limit), bytes (past the byte limit of the call's files), unreadable, or limits (past the bounds of the walk: depth, entries, path length)"`
 }
 
 // filesSchema is the input schema of files. The limits are in its
@@ -39,12 +50,14 @@ func filesSchema(o Options) map[string]any {
 		"description": fmt.Sprintf("files written under %s (the working directory) before the code starts; at most %d files and %d bytes in all. "+
 			"Leave files to return in %s.", policy.WorkDir, o.MaxFiles, o.MaxFileBytes, policy.OutputsDir),
 		"items": map[string]any{
-			"type":     "object",
-			"required": []string{"path"},
+			"type":                 "object",
+			"required":             []string{"path"},
+			"additionalProperties": false,
 			"properties": map[string]any{
 				"path":           map[string]any{"type": "string", "description": "relative to " + policy.WorkDir + "; no '..', not absolute"},
 				"content":        map[string]any{"type": "string", "description": "the file's text (UTF-8)"},
 				"content_base64": map[string]any{"type": "string", "description": "the file's bytes, base64-encoded (instead of content)"},
+				"uri":            map[string]any{"type": "string", "description": "instead of content: the uri of an output file an earlier result of this connection returned (a resource_link, or files[].uri)"},
 			},
 		},
 	}
@@ -72,7 +85,7 @@ func withoutDots(p string) string {
 	return strings.Join(kept, "/")
 }
 
-func (s *Server) validateFiles(in []inputFile) ([]runtime.File, error) {
+func (s *Server) validateFiles(in []inputFile, scope *mcp.ServerSession) ([]runtime.File, error) {
 	if len(in) > s.opts.MaxFiles {
 		return nil, fmt.Errorf("files: %d files, over the limit of %d (MCP_EXEC_MAX_FILES)", len(in), s.opts.MaxFiles)
 	}
@@ -93,8 +106,13 @@ func (s *Server) validateFiles(in []inputFile) ([]runtime.File, error) {
 		seen[clean] = true
 		var data []byte
 		switch {
-		case f.Content != nil && f.ContentBase64 != nil:
-			return nil, fmt.Errorf("files[%d]: give content or content_base64, not both", i)
+		case (f.Content != nil) && (f.ContentBase64 != nil) || (f.Content != nil || f.ContentBase64 != nil) && f.URI != nil:
+			return nil, fmt.Errorf("files[%d]: give one of content, content_base64 or uri", i)
+		case f.URI != nil:
+			var err error
+			if data, err = s.uriFile(i, *f.URI, scope); err != nil {
+				return nil, err
+			}
 		case f.Content != nil:
 			data = []byte(*f.Content)
 		case f.ContentBase64 != nil:
@@ -103,7 +121,7 @@ func (s *Server) validateFiles(in []inputFile) ([]runtime.File, error) {
 				return nil, fmt.Errorf("files[%d].content_base64: %v", i, err)
 			}
 		default:
-			return nil, fmt.Errorf("files[%d]: content or content_base64 is required", i)
+			return nil, fmt.Errorf("files[%d]: content, content_base64 or uri is required", i)
 		}
 		total += int64(len(data))
 		if total > s.opts.MaxFileBytes {
@@ -145,7 +163,7 @@ func fileContent(f runtime.File, typ string) mcp.Content {
 		return &mcp.ImageContent{Data: f.Data, MIMEType: typ}
 	}
 	rc := &mcp.ResourceContents{URI: "file://" + policy.OutputsDir + "/" + escapePath(f.Path), MIMEType: typ}
-	if utf8.Valid(f.Data) && !strings.ContainsRune(string(f.Data), 0) {
+	if textual(f.Data) {
 		rc.Text = string(f.Data)
 		if len(f.Data) == 0 {
 			// An empty text would vanish from the wire (omitempty): an
@@ -156,6 +174,11 @@ func fileContent(f runtime.File, typ string) mcp.Content {
 		rc.Blob = f.Data
 	}
 	return &mcp.EmbeddedResource{Resource: rc}
+}
+
+// textual says whether data comes back as text: UTF-8 without NUL.
+func textual(data []byte) bool {
+	return utf8.Valid(data) && !strings.ContainsRune(string(data), 0)
 }
 
 func escapePath(p string) string {

@@ -90,6 +90,14 @@ type Options struct {
 	MaxQueued      int
 	// Progress is the interval of progress notifications.
 	Progress time.Duration
+	// TextBytes bounds the text block a model reads of a call (0:
+	// DefaultTextBytes); structuredContent keeps the whole output.
+	TextBytes int64
+	// ResourceMaxBytes bounds the output files the server keeps as
+	// resources (0: none kept, every file comes inline); each is kept
+	// ResourceTTL after its call (resources.go).
+	ResourceMaxBytes int64
+	ResourceTTL      time.Duration
 	// PersistentMax persistent sessions are open at most (0: none);
 	// each ends after PersistentIdle without a call, or PersistentLifetime
 	// after it began.
@@ -184,6 +192,12 @@ func (o Options) Validate() error {
 	if o.Progress <= 0 {
 		errs = append(errs, fmt.Errorf("{Progress} must be > 0, got %v", o.Progress))
 	}
+	if o.TextBytes != 0 && o.TextBytes < minTextBytes {
+		errs = append(errs, fmt.Errorf("{TextBytes} must be ≥ %d, got %d", minTextBytes, o.TextBytes))
+	}
+	if o.ResourceMaxBytes < 0 || o.ResourceMaxBytes > 0 && o.ResourceTTL <= 0 {
+		errs = append(errs, fmt.Errorf("{ResourceMaxBytes} must be ≥ 0 (0: no output files kept), and {ResourceTTL} > 0 while they are kept; got %d and %v", o.ResourceMaxBytes, o.ResourceTTL))
+	}
 	if o.PersistentMax < 0 {
 		errs = append(errs, fmt.Errorf("{PersistentMax} must be ≥ 0, got %d", o.PersistentMax))
 	}
@@ -218,7 +232,8 @@ func (o Options) Validate() error {
 // (GOMEMLIMIT): with it the collector works harder as the heap nears it,
 // so that the bounded input the server holds (MaxConcurrency running and
 // MaxQueued waiting calls, one body budget of requests being read, up to
-// MaxSessions sessions) keeps the process well under 300 MB.
+// MaxSessions sessions, the resource store's ResourceMaxBytes) keeps the
+// process well under 300 MB.
 const MemoryTarget = 192 << 20
 
 // minTokenLen keeps a guessable token from passing for protection.
@@ -242,6 +257,7 @@ type Server struct {
 	active  sync.WaitGroup
 
 	persist *sessions
+	store   *resourceStore // nil: no output files kept
 	ops     serverOps
 }
 
@@ -259,6 +275,7 @@ func New(eng Engine, opts Options) (*Server, error) {
 	s := &Server{eng: eng, info: eng.Info(), opts: opts, log: opts.Logger,
 		sem: make(chan struct{}, opts.MaxConcurrency), root: context.Background()}
 	s.persist = newSessions(s)
+	s.store = newResourceStore(opts.ResourceMaxBytes, opts.ResourceTTL)
 	s.ops.tracer = opts.Tracer
 	if opts.Metrics != nil {
 		var err error
@@ -290,25 +307,29 @@ type execInput struct {
 // execOutput is the call's structuredContent. The contract's fields are
 // never renamed or removed; the rest are extras.
 type execOutput struct {
-	Stdout          string       `json:"stdout" jsonschema:"what the program wrote to stdout (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
-	Stderr          string       `json:"stderr" jsonschema:"what the program wrote to stderr (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
-	ExitCode        int          `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
-	TimedOut        bool         `json:"timed_out" jsonschema:"the wall-clock limit was hit and the whole container was killed"`
-	OOMKilled       bool         `json:"oom_killed" jsonschema:"the memory limit killed a process"`
-	PidsLimited     bool         `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
-	StdoutTruncated bool         `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
-	StderrTruncated bool         `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
-	Truncated       bool         `json:"truncated" jsonschema:"stdout_truncated or stderr_truncated"`
-	DurationMS      int64        `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
-	CPUMS           int64        `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's cgroup accounts it; 0 when unknown"`
-	PeakMemoryBytes int64        `json:"peak_memory_bytes" jsonschema:"highest memory use of the container, 0 when unknown"`
-	Runtime         string       `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
-	Files           []outputFile `json:"files" jsonschema:"the regular files the code left under /tmp/outputs, each also a content block"`
-	FilesTruncated  bool         `json:"files_truncated" jsonschema:"a file under /tmp/outputs was left out for the file count or size limit"`
-	Result          string       `json:"result" jsonschema:"the repr of the value of the code's last statement when that is an expression and the value is not None, else empty; at most the output cap"`
-	ResultTruncated bool         `json:"result_truncated" jsonschema:"result went past the output cap and was cut"`
-	Session         string       `json:"session" jsonschema:"the persistent session's handle when the call ran in one, else empty"`
-	SessionEnded    string       `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, oom, exited, idle, lifetime or shutdown"`
+	Stdout          string        `json:"stdout" jsonschema:"what the program wrote to stdout (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	Stderr          string        `json:"stderr" jsonschema:"what the program wrote to stderr (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	ExitCode        int           `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
+	Signal          string        `json:"signal" jsonschema:"the signal that killed the program (e.g. SIGSEGV, SIGKILL), then exit_code is 128 + its number; empty when it exited"`
+	TimedOut        bool          `json:"timed_out" jsonschema:"the wall-clock limit was hit: a fresh call's sandbox was killed; in a persistent session the code was interrupted (KeyboardInterrupt) and, if it stopped, the session lives on (session_ended empty), else its sandbox was killed (session_ended timeout)"`
+	OOMKilled       bool          `json:"oom_killed" jsonschema:"the memory limit killed a process"`
+	PidsLimited     bool          `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
+	StdoutTruncated bool          `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
+	StderrTruncated bool          `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
+	Truncated       bool          `json:"truncated" jsonschema:"stdout_truncated or stderr_truncated"`
+	StdoutBytes     int64         `json:"stdout_bytes" jsonschema:"bytes the program wrote to stdout, including any past the cap"`
+	StderrBytes     int64         `json:"stderr_bytes" jsonschema:"bytes the program wrote to stderr, including any past the cap"`
+	DurationMS      int64         `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
+	CPUMS           int64         `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's cgroup accounts it; 0 when unknown"`
+	PeakMemoryBytes int64         `json:"peak_memory_bytes" jsonschema:"highest memory use of the container, 0 when unknown"`
+	Runtime         string        `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
+	Files           []outputFile  `json:"files" jsonschema:"the regular files the code left under /tmp/outputs, each also a content block: inline when small, else a resource_link to its uri"`
+	FilesTruncated  bool          `json:"files_truncated" jsonschema:"a file under /tmp/outputs was left out for the file count or size limit"`
+	FilesLeftOut    []leftOutFile `json:"files_left_out" jsonschema:"what was left out of /tmp/outputs (the first 64), each with its size and why"`
+	Result          string        `json:"result" jsonschema:"the repr of the value of the code's last statement when that is an expression and the value is not None, else empty; at most the output cap"`
+	ResultTruncated bool          `json:"result_truncated" jsonschema:"result went past the output cap and was cut"`
+	Session         string        `json:"session" jsonschema:"the persistent session's handle when the call ran in one, else empty"`
+	SessionEnded    string        `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, oom, exited, idle, lifetime or shutdown"`
 }
 
 // origin is what carried a call: Done of ctx means its client is gone (nil:
@@ -326,10 +347,16 @@ type origin struct {
 func (s *Server) mcpServer(originOf func(*mcp.CallToolRequest) origin) *mcp.Server {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "mcp-exec", Title: "mcp-exec", Version: s.opts.Version, Icons: icons()}, &mcp.ServerOptions{
 		Logger: s.opts.SDKLogger,
-		// The tool list never changes, so there is nothing to notify.
-		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}, Logging: &mcp.LoggingCapabilities{}},
+		// The tool list never changes, so there is nothing to notify; nor
+		// is a client told of its resources coming and going.
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}, Logging: &mcp.LoggingCapabilities{},
+			Resources: &mcp.ResourceCapabilities{}},
 	})
-	mcp.AddTool(srv, s.tool(), s.handler(originOf))
+	tool := s.tool()
+	srv.AddReceivingMiddleware(checkArguments(schemaProperties(tool.InputSchema)), s.listResources)
+	mcp.AddTool(srv, tool, s.handler(originOf))
+	srv.AddResourceTemplate(&mcp.ResourceTemplate{URITemplate: resourceTemplate, Name: "output file",
+		Description: "a file an exec call left in /tmp/outputs, kept for a while for the client that made the call"}, s.readResource)
 	return srv
 }
 
@@ -343,13 +370,15 @@ func (s *Server) tool() *mcp.Tool {
 		// Written out rather than inferred: the SDK would make the optional
 		// timeout_s ["null","number"], and the ranges are checked by the
 		// handler so that its errors name the limit and its variable.
+		// code is not required by the schema: end_session needs none, and
+		// the handler's refusal of a call without it says so.
 		InputSchema: map[string]any{
-			"type":     "object",
-			"required": []string{"code"},
+			"type":                 "object",
+			"additionalProperties": false,
 			"properties": map[string]any{
 				"code": map[string]any{
 					"type":        "string",
-					"description": fmt.Sprintf("Python source, run as a script (__main__); at most %d bytes. Print what you want to see.", s.opts.MaxCodeBytes),
+					"description": fmt.Sprintf("Python source, run as a script (__main__); at most %d bytes. Print what you want to see. Required, unless end_session ends a session.", s.opts.MaxCodeBytes),
 				},
 				"stdin": map[string]any{
 					"type":        "string",
@@ -420,6 +449,11 @@ func (s *Server) description() string {
 		o.Limits.MemoryBytes/mib, o.Limits.Pids, strconv.FormatFloat(o.Limits.CPUs, 'f', -1, 64),
 		fmtSeconds(o.DefaultTimeout), fmtSeconds(o.MaxTimeout), o.MaxOutputBytes, o.MaxStdinBytes)
 	b.WriteString("If the code ends with an expression, its repr comes back as result, as in a notebook. ")
+	fmt.Fprintf(&b, "The text shows at most %d bytes of output (the head and tail of each part; structuredContent has all of it)", o.textBytes())
+	if s.store != nil {
+		b.WriteString("; files too large to inline come as resource links: read one with resources/read, or pass its uri in files to a later call")
+	}
+	b.WriteString(". ")
 	b.WriteString("A non-zero exit, a timeout or hitting the memory limit is a normal result (exit_code, timed_out, oom_killed), not an error.")
 	if o.PersistentMax > 0 {
 		fmt.Fprintf(&b, " To keep state between calls (load data once, then explore it), start a persistent session with session \"new\" and pass the returned session handle in later calls: they run one at a time in the same interpreter, like notebook cells; end_session: true ends it. "+
@@ -521,11 +555,9 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		// verdict stands, and endCall logged the error for the operator.
 		out := outputOf(res, s.info.Runtime)
 		out.Session, out.SessionEnded = so.handle, so.ended
-		content := []mcp.Content{&mcp.TextContent{Text: summary(out, timeout, s.opts)}}
-		for i, f := range res.Files {
-			content = append(content, fileContent(f, out.Files[i].MIMEType))
-		}
-		return &mcp.CallToolResult{Content: content}, out, nil
+		files, shown := s.fileBlocks(res.Files, &out, s.scopeOf(req.Session))
+		text := s.summary(callText{out: out, timeout: timeout, shown: shown})
+		return &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: text}}, files...)}, out, nil
 	}
 }
 
@@ -535,10 +567,13 @@ type sessionOut struct{ handle, ended string }
 // exec validates the input, waits for a free slot and runs the code: in a
 // fresh sandbox, or in the persistent session the input names.
 func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInput, o origin) (runtime.Result, time.Duration, sessionOut, error) {
+	if err := badArguments(ctx); err != nil {
+		return runtime.Result{}, 0, sessionOut{}, err
+	}
 	if in.Session != "" || in.EndSession {
 		return s.execInSession(ctx, req, in, o)
 	}
-	timeout, files, err := s.validateCall(in)
+	timeout, files, err := s.validateCall(in, s.scopeOf(req.Session))
 	if err != nil {
 		return runtime.Result{}, 0, sessionOut{}, err
 	}
@@ -555,13 +590,14 @@ func (s *Server) exec(ctx context.Context, req *mcp.CallToolRequest, in execInpu
 	return res, timeout, sessionOut{}, err
 }
 
-// validateCall checks the code, stdin, timeout and files of a call.
-func (s *Server) validateCall(in execInput) (time.Duration, []runtime.File, error) {
+// validateCall checks the code, stdin, timeout and files of a call; scope
+// is the client whose output files files[].uri may name.
+func (s *Server) validateCall(in execInput, scope *mcp.ServerSession) (time.Duration, []runtime.File, error) {
 	timeout, err := s.validate(in)
 	if err != nil {
 		return 0, nil, &inputError{err}
 	}
-	files, err := s.validateFiles(in.Files)
+	files, err := s.validateFiles(in.Files, scope)
 	if err != nil {
 		return 0, nil, &inputError{err}
 	}
@@ -612,7 +648,7 @@ func (s *Server) execInSession(ctx context.Context, req *mcp.CallToolRequest, in
 		err     error
 	)
 	if !endOnly {
-		if timeout, files, err = s.validateCall(in); err != nil {
+		if timeout, files, err = s.validateCall(in, s.scopeOf(req.Session)); err != nil {
 			return runtime.Result{}, 0, none, err
 		}
 	}
@@ -706,7 +742,7 @@ func (s *Server) acquire(ctx context.Context) error {
 // names the field and the limit.
 func (s *Server) validate(in execInput) (time.Duration, error) {
 	if in.Code == "" {
-		return 0, errors.New("code is required and must be non-empty")
+		return 0, errors.New("code is required and must be non-empty (only end_session with a session handle needs none)")
 	}
 	if n := int64(len(in.Code)); n > s.opts.MaxCodeBytes {
 		return 0, fmt.Errorf("code is %d bytes, over the limit of %d (MCP_EXEC_MAX_CODE_BYTES)", n, s.opts.MaxCodeBytes)
@@ -856,9 +892,17 @@ func outputOf(res runtime.Result, runtimeName string) execOutput {
 	for i, f := range res.Files {
 		files[i] = outputFile{Path: f.Path, Size: int64(len(f.Data)), MIMEType: mimeType(f.Path, f.Data)}
 	}
+	left := make([]leftOutFile, len(res.FilesLeftOut))
+	for i, l := range res.FilesLeftOut {
+		left[i] = leftOutFile{Path: l.Path, Size: l.Size, Why: string(l.Why)}
+	}
 	return execOutput{
 		Files:           files,
 		FilesTruncated:  res.FilesTruncated,
+		FilesLeftOut:    left,
+		Signal:          signalName(res.Signal),
+		StdoutBytes:     max(res.StdoutBytes, int64(len(res.Stdout))),
+		StderrBytes:     max(res.StderrBytes, int64(len(res.Stderr))),
 		Stdout:          strings.ToValidUTF8(string(res.Stdout), "\uFFFD"),
 		Stderr:          strings.ToValidUTF8(string(res.Stderr), "\uFFFD"),
 		ExitCode:        res.ExitCode,
@@ -875,60 +919,6 @@ func outputOf(res runtime.Result, runtimeName string) execOutput {
 		PeakMemoryBytes: res.PeakMemoryBytes,
 		Runtime:         runtimeName,
 	}
-}
-
-// summary is the text block: the verdict on one line, then the output.
-func summary(out execOutput, timeout time.Duration, o Options) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "exit code %d", out.ExitCode)
-	if out.TimedOut {
-		fmt.Fprintf(&b, "; timed out after %s s, the container was killed", fmtSeconds(timeout))
-	}
-	if out.OOMKilled {
-		fmt.Fprintf(&b, "; killed by the memory limit (%d MiB)", o.Limits.MemoryBytes/mib)
-	}
-	if out.PidsLimited {
-		fmt.Fprintf(&b, "; hit the process limit (%d)", o.Limits.Pids)
-	}
-	if out.StdoutTruncated {
-		fmt.Fprintf(&b, "; stdout truncated at %d bytes", o.MaxOutputBytes)
-	}
-	if out.StderrTruncated {
-		fmt.Fprintf(&b, "; stderr truncated at %d bytes", o.MaxOutputBytes)
-	}
-	if out.ResultTruncated {
-		fmt.Fprintf(&b, "; result truncated at %d bytes", o.MaxOutputBytes)
-	}
-	if n := len(out.Files); n > 0 {
-		paths := make([]string, n)
-		for i, f := range out.Files {
-			paths[i] = f.Path
-		}
-		fmt.Fprintf(&b, "; %d file(s) from %s: %s", n, policy.OutputsDir, strings.Join(paths, ", "))
-	}
-	if out.FilesTruncated {
-		fmt.Fprintf(&b, "; files left out of %s for the limits (%d files, %d bytes)", policy.OutputsDir, o.MaxFiles, o.MaxFileBytes)
-	}
-	if out.Session != "" {
-		fmt.Fprintf(&b, "; persistent session %s", out.Session)
-		if out.SessionEnded != "" {
-			fmt.Fprintf(&b, " ended (%s)", describeEnd(out.SessionEnded, o))
-		}
-	}
-	fmt.Fprintf(&b, " (%d ms)\n", out.DurationMS)
-	if out.Result != "" {
-		fmt.Fprintf(&b, "--- result ---\n%s\n", out.Result)
-	}
-	for _, s := range []struct{ name, text string }{{"stdout", out.Stdout}, {"stderr", out.Stderr}} {
-		if s.text == "" {
-			continue
-		}
-		fmt.Fprintf(&b, "--- %s ---\n%s", s.name, s.text)
-		if !strings.HasSuffix(s.text, "\n") {
-			b.WriteByte('\n')
-		}
-	}
-	return b.String()
 }
 
 func fmtSeconds(d time.Duration) string {

@@ -2,12 +2,14 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -85,6 +87,31 @@ func (f *fakeEngine) Run(ctx context.Context, req runtime.Request) (runtime.Resu
 		fmt.Sscan(arg, &res.ExitCode)
 	case "stdin":
 		res.Stdout = req.Stdin
+	case "signal":
+		fmt.Sscan(arg, &res.Signal)
+		res.ExitCode = 128 + res.Signal
+	case "big":
+		// big:N writes N bytes of numbered lines to stdout, ending with
+		// "the end", and a traceback to stderr.
+		var n int
+		fmt.Sscan(arg, &n)
+		res.Stdout = numberedLines(n)
+		res.StdoutBytes = int64(len(res.Stdout))
+		res.Stderr = append(numberedLines(n), "Traceback (most recent call last):\nValueError: boom\n"...)
+		res.StderrBytes = int64(len(res.Stderr))
+		res.Value = numberedLines(n)
+	case "files":
+		// files:NAME=SIZE,... returns those files: a PNG header then
+		// filler for .png, bytes 0..255 for .bin, else text.
+		for _, spec := range strings.Split(arg, ",") {
+			name, size, _ := strings.Cut(spec, "=")
+			var n int
+			fmt.Sscan(size, &n)
+			res.Files = append(res.Files, runtime.File{Path: name, Data: fakeFile(name, n)})
+		}
+	case "leftout":
+		res.FilesTruncated = true
+		res.FilesLeftOut = []runtime.LeftOut{{Path: "huge.png", Size: 16 << 20, Why: runtime.LeftBytes}, {Path: "fig-21.png", Size: 100, Why: runtime.LeftCount}}
 	case "echofiles":
 		// The input files come back as outputs, and a PNG with them.
 		res.Files = append(res.Files, req.Files...)
@@ -93,6 +120,30 @@ func (f *fakeEngine) Run(ctx context.Context, req runtime.Request) (runtime.Resu
 	}
 	res.Duration = max(time.Since(start), time.Millisecond)
 	return res, nil
+}
+
+// numberedLines is n bytes of numbered lines, the last "the end".
+func numberedLines(n int) []byte {
+	var b []byte
+	for i := 1; len(b) < n-8; i++ {
+		b = fmt.Appendf(b, "line %06d %s\n", i, strings.Repeat("y", 40))
+	}
+	return append(b[:max(0, min(len(b), n-8))], "the end\n"...)
+}
+
+// fakeFile is n bytes that a file named name would hold.
+func fakeFile(name string, n int) []byte {
+	switch path.Ext(name) {
+	case ".png":
+		return append([]byte("\x89PNG\r\n\x1a\n"), bytes.Repeat([]byte{'p'}, max(0, n-8))...)[:max(n, 8)]
+	case ".bin":
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(i)
+		}
+		return b
+	}
+	return bytes.Repeat([]byte("csv,row\n"), n/8+1)[:n]
 }
 
 func testOptions() Options {
@@ -108,6 +159,9 @@ func testOptions() Options {
 		SessionIdle:    10 * time.Minute,
 		MaxSessions:    1000,
 		Version:        "test",
+		// As the binary's defaults.
+		ResourceMaxBytes: 64 << 20,
+		ResourceTTL:      10 * time.Minute,
 	}
 }
 
@@ -193,9 +247,10 @@ func TestToolsList(t *testing.T) {
 	}
 	tool := res.Tools[0]
 	var in, out struct {
-		Type       any                       `json:"type"`
-		Required   []string                  `json:"required"`
-		Properties map[string]map[string]any `json:"properties"`
+		Type                 any                       `json:"type"`
+		Required             []string                  `json:"required"`
+		AdditionalProperties any                       `json:"additionalProperties"`
+		Properties           map[string]map[string]any `json:"properties"`
 	}
 	remarshal(t, tool.InputSchema, &in)
 	remarshal(t, tool.OutputSchema, &out)
@@ -205,7 +260,9 @@ func TestToolsList(t *testing.T) {
 		got, want any
 	}{
 		{"inputSchema.type", in.Type, "object"},
-		{"inputSchema.required", strings.Join(in.Required, ","), "code"},
+		// code may be left out with end_session; the handler says so.
+		{"inputSchema.required", strings.Join(in.Required, ","), ""},
+		{"inputSchema.additionalProperties", in.AdditionalProperties, false},
 		{"inputSchema.properties.code.type", in.Properties["code"]["type"], "string"},
 		{"inputSchema.properties.stdin.type", in.Properties["stdin"]["type"], "string"},
 		// A plain "number", not the ["null","number"] the SDK infers.
@@ -599,10 +656,14 @@ func TestOptionsValidate(t *testing.T) {
 func TestSummary(t *testing.T) {
 	o := testOptions()
 	o.MaxOutputBytes = 10
-	got := summary(execOutput{Stdout: "0123456789", Stderr: "err", ExitCode: 137, TimedOut: true, OOMKilled: true,
-		StdoutTruncated: true, DurationMS: 42}, 1500*time.Millisecond, o)
-	want := "exit code 137; timed out after 1.5 s, the container was killed; killed by the memory limit (256 MiB); " +
-		"stdout truncated at 10 bytes (42 ms)\n--- stdout ---\n0123456789\n--- stderr ---\nerr\n"
+	s, err := New(newFakeEngine(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s.summary(callText{out: execOutput{Stdout: "0123456789", Stderr: "err", ExitCode: 137, Signal: "SIGKILL", TimedOut: true, OOMKilled: true,
+		StdoutTruncated: true, StdoutBytes: 20, DurationMS: 42}, timeout: 1500 * time.Millisecond})
+	want := "exit code 137, killed by SIGKILL (signal 9); timed out after 1.5 s: the sandbox was killed; killed by the memory limit (256 MiB); " +
+		"stdout truncated at 10 bytes (20 written) (42 ms)\n--- stdout ---\n0123456789\n--- stderr ---\nerr\n"
 	if got != want {
 		t.Errorf("summary = %q, want %q", got, want)
 	}
@@ -624,6 +685,12 @@ func TestExecFiles(t *testing.T) {
 		{Path: "raw.bin", Size: 4, MIMEType: "application/octet-stream"},
 		{Path: "plot.png", Size: 12, MIMEType: "image/png"},
 	}
+	for i := range out.Files {
+		if !strings.HasPrefix(out.Files[i].URI, resourcePrefix) {
+			t.Errorf("files[%d].uri = %q, want a resource of this server", i, out.Files[i].URI)
+		}
+		out.Files[i].URI = ""
+	}
 	if !slices.Equal(out.Files, want) || !out.FilesTruncated {
 		t.Errorf("exec with files: files = %+v, truncated %v; want %+v, true", out.Files, out.FilesTruncated, want)
 	}
@@ -640,7 +707,8 @@ func TestExecFiles(t *testing.T) {
 	if img, ok := res.Content[3].(*mcp.ImageContent); !ok || img.MIMEType != "image/png" || len(img.Data) != 12 {
 		t.Errorf("content[3] = %#v, want the PNG as an image block", res.Content[3])
 	}
-	if txt := text(res); !strings.Contains(txt, "3 file(s) from /tmp/outputs: data/in.csv, raw.bin, plot.png") || !strings.Contains(txt, "left out") {
+	if txt := text(res); !strings.Contains(txt, "files from /tmp/outputs:\n  data/in.csv (8 bytes): below\n  raw.bin (4 bytes): below\n  plot.png (12 bytes): image below\n") ||
+		!strings.Contains(txt, "left out") {
 		t.Errorf("text = %q, want the files named and the truncation said", txt)
 	}
 
@@ -657,8 +725,9 @@ func TestExecFiles(t *testing.T) {
 		{"dot dot", []map[string]any{{"path": "a/../../x", "content": ""}}, "files[0].path \"a/../../x\": path has a \"..\" element"},
 		{"NUL", []map[string]any{{"path": "a\x00b", "content": ""}}, "NUL"},
 		{"outputs", []map[string]any{{"path": "outputs/x", "content": ""}}, "/tmp/outputs starts empty"},
-		{"both contents", []map[string]any{{"path": "a", "content": "", "content_base64": ""}}, "not both"},
-		{"no content", []map[string]any{{"path": "a"}}, "content or content_base64 is required"},
+		{"both contents", []map[string]any{{"path": "a", "content": "", "content_base64": ""}}, "files[0]: give one of content, content_base64 or uri"},
+		{"content and uri", []map[string]any{{"path": "a", "content": "", "uri": resourcePrefix + "x/a"}}, "files[0]: give one of content, content_base64 or uri"},
+		{"no content", []map[string]any{{"path": "a"}}, "files[0]: content, content_base64 or uri is required"},
 		{"bad base64", []map[string]any{{"path": "a", "content_base64": "!!"}}, "files[0].content_base64"},
 		{"twice", []map[string]any{{"path": "a", "content": ""}, {"path": "a", "content": ""}}, "given twice"},
 		{"file and dir", []map[string]any{{"path": "a", "content": ""}, {"path": "a/b", "content": ""}}, "is a file and a directory"},

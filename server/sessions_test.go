@@ -65,6 +65,9 @@ func (s *fakeSession) Run(ctx context.Context, req runtime.Request) (runtime.Res
 		s.mu.Unlock()
 	case "quit":
 		res.Ended = runtime.EndExited
+	case "interrupted":
+		// A timeout the code stopped for: the session lives on.
+		res.TimedOut, res.ExitCode = true, 130
 	default:
 		r, err := s.eng.Run(ctx, req)
 		if r.TimedOut {

@@ -53,6 +53,12 @@ type config struct {
 	MaxConcurrency int
 	MaxQueued      int
 	Progress       time.Duration
+	// TextBytes bounds the text block a model reads of a call;
+	// ResourceMaxBytes the output files kept as resources (0: none), each
+	// for ResourceTTL.
+	TextBytes        int64
+	ResourceMaxBytes int64
+	ResourceTTL      time.Duration
 	// Persistent sessions: at most PersistentMax (0: off), each ended
 	// after PersistentIdle without a call or PersistentLifetime in all.
 	PersistentMax      int
@@ -100,6 +106,9 @@ func defaultConfig() config {
 		MaxConcurrency:     2 * goruntime.NumCPU(),
 		MaxQueued:          4 * 2 * goruntime.NumCPU(),
 		Progress:           2 * time.Second,
+		TextBytes:          server.DefaultTextBytes,
+		ResourceMaxBytes:   64 * mib,
+		ResourceTTL:        600 * time.Second,
 		PersistentMax:      8,
 		PersistentIdle:     600 * time.Second,
 		PersistentLifetime: 3600 * time.Second,
@@ -173,6 +182,9 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_MAX_CONCURRENCY", "max-concurrency", "calls running at once; more wait their turn", integer(&c.MaxConcurrency, 1)},
 			setting{"MCP_EXEC_MAX_QUEUED", "max-queued", "calls waiting for a slot; one more is refused (default 4 × max-concurrency)", integer(&c.MaxQueued, 0)},
 			setting{"MCP_EXEC_PROGRESS_S", "progress", "interval of progress notifications in seconds", seconds(&c.Progress)},
+			setting{"MCP_EXEC_TEXT_BYTES", "text-bytes", "budget of the text block a model reads of a call: the head and tail of each part past it (structuredContent keeps everything up to max-output-bytes)", byteCount(&c.TextBytes, 1, 1024)},
+			setting{"MCP_EXEC_RESOURCE_MAX_MB", "resource-max-mb", "output files kept as resources (resource_link, resources/read, files[].uri) for the client that made them, in MiB in all, a client at most half; 0 keeps none and every file comes inline", byteCount(&c.ResourceMaxBytes, mib, 0)},
+			setting{"MCP_EXEC_RESOURCE_TTL_S", "resource-ttl", "an output file kept as a resource lives this long after its call", seconds(&c.ResourceTTL)},
 			setting{"MCP_EXEC_PERSISTENT_MAX", "persistent-max", "persistent sessions open at most (a sandbox each, kept between a caller's calls); 0 turns them off", integer(&c.PersistentMax, 0)},
 			setting{"MCP_EXEC_PERSISTENT_IDLE_S", "persistent-idle", "a persistent session without a call this long is ended", seconds(&c.PersistentIdle)},
 			setting{"MCP_EXEC_PERSISTENT_LIFETIME_S", "persistent-lifetime", "a persistent session is ended this long after it began", seconds(&c.PersistentLifetime)},
@@ -329,6 +341,9 @@ func (c *config) serverOptions() server.Options {
 		MaxConcurrency:       c.MaxConcurrency,
 		MaxQueued:            c.MaxQueued,
 		Progress:             c.Progress,
+		TextBytes:            c.TextBytes,
+		ResourceMaxBytes:     c.ResourceMaxBytes,
+		ResourceTTL:          c.ResourceTTL,
 		PersistentMax:        c.PersistentMax,
 		PersistentIdle:       c.PersistentIdle,
 		PersistentLifetime:   c.PersistentLifetime,

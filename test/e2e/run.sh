@@ -4,6 +4,8 @@
 #                        streamable HTTP and legacy SSE (node --test);
 #      sessions.test.mjs — persistent sessions with that client, on every
 #                        runtime the host has;
+#      results.test.mjs — what a model reads back: unknown arguments, the
+#                        text budget, signals, resource links;
 #   2. conformance.mjs — the official MCP conformance suite over HTTP
 #                        (through a token-adding proxy) and over stdio
 #                        (through a stdio→HTTP bridge).
@@ -144,10 +146,10 @@ step() {
 
 failed=()
 
-echo "e2e: [1/2] TypeScript SDK client tests (node --test exec.test.mjs sessions.test.mjs)"
+echo "e2e: [1/2] TypeScript SDK client tests (node --test exec.test.mjs sessions.test.mjs results.test.mjs)"
 ts_log="$E2E_TMP/ts.log"
 ts_rc=0
-step "$ts_log" "$NODE" --test --test-reporter=spec --test-timeout=120000 exec.test.mjs sessions.test.mjs || ts_rc=$?
+step "$ts_log" "$NODE" --test --test-reporter=spec --test-timeout=120000 exec.test.mjs sessions.test.mjs results.test.mjs || ts_rc=$?
 ts_pass="$(sed -n 's/^ℹ pass \([0-9]*\)$/\1/p' "$ts_log")"
 ts_total="$(sed -n 's/^ℹ tests \([0-9]*\)$/\1/p' "$ts_log")"
 [[ $ts_rc -eq 0 ]] || failed+=("TypeScript SDK tests")
