@@ -106,7 +106,8 @@ func (s *Server) httpHandler() (http.Handler, error) {
 				Stateless:           s.opts.Stateless,
 			}))
 		if !s.opts.Stateless {
-			l := &sessionLimit{max: s.opts.MaxSessions, idle: s.opts.SessionIdle, next: handler, last: map[string]time.Time{}, log: s.log}
+			l := &sessionLimit{max: s.opts.MaxSessions, idle: s.opts.SessionIdle, next: handler, log: s.log,
+				keep: s.persist.holds, last: map[string]time.Time{}, busy: map[string]int{}}
 			open := l.open
 			s.ops.httpSessions.Store(&open)
 			handler = l
@@ -120,7 +121,7 @@ func (s *Server) httpHandler() (http.Handler, error) {
 		handler = mcp.NewSSEHandler(func(r *http.Request) *mcp.Server {
 			streams.Add(1)
 			context.AfterFunc(r.Context(), func() { streams.Add(-1) })
-			o := origin{ctx: r.Context(), client: r.RemoteAddr, owner: "sse " + rand.Text()}
+			o := origin{ctx: r.Context(), client: r.RemoteAddr}
 			return s.mcpServer(func(*mcp.CallToolRequest) origin { return o })
 		}, &mcp.SSEOptions{MaxRequestBodyBytes: limit})
 	default:
@@ -138,20 +139,38 @@ type sessionLimit struct {
 	idle time.Duration
 	next http.Handler
 	log  *slog.Logger
+	// keep says whether a session holds what closing it would end (its
+	// persistent sessions): it is never closed to make room.
+	keep func(id string) bool
 
 	mu   sync.Mutex
 	last map[string]time.Time // session → last request
+	busy map[string]int       // session → its requests under way (calls)
 }
 
 func (l *sessionLimit) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("Mcp-Session-Id")
 	if id == "" {
 		// It may open a session: the SDK names it in the response.
-		l.next.ServeHTTP(&sessionRecorder{ResponseWriter: w, l: l, r: r}, r)
+		rec := &sessionRecorder{ResponseWriter: w, l: l, r: r}
+		l.next.ServeHTTP(rec, r)
 		return
 	}
 	l.touch(id)
 	defer l.touch(id) // a long call keeps its session recent
+	if r.Method == http.MethodPost {
+		// A session with a call under way is never closed to make room.
+		l.mu.Lock()
+		l.busy[id]++
+		l.mu.Unlock()
+		defer func() {
+			l.mu.Lock()
+			if l.busy[id]--; l.busy[id] <= 0 {
+				delete(l.busy, id)
+			}
+			l.mu.Unlock()
+		}()
+	}
 	l.next.ServeHTTP(w, r)
 	if r.Method == http.MethodDelete {
 		l.mu.Lock()
@@ -183,8 +202,11 @@ func (l *sessionLimit) touch(id string) {
 }
 
 // opened records a new session and closes the least recently used ones
-// past the limit.
-func (l *sessionLimit) opened(id string, via *http.Request) {
+// past the limit, of those it may close: none with a call under way or
+// persistent sessions of its own, which another client could otherwise
+// take from it by opening sessions (red team F11). When none may be
+// closed, the new session is, and opened says so.
+func (l *sessionLimit) opened(id string, via *http.Request) bool {
 	now := time.Now()
 	l.mu.Lock()
 	for s, t := range l.last {
@@ -197,43 +219,62 @@ func (l *sessionLimit) opened(id string, via *http.Request) {
 	for len(l.last) > l.max {
 		oldest, at := "", now
 		for s, t := range l.last {
-			if t.Before(at) || oldest == "" {
+			if s != id && l.busy[s] == 0 && (l.keep == nil || !l.keep(s)) && (t.Before(at) || oldest == "") {
 				oldest, at = s, t
 			}
+		}
+		if oldest == "" {
+			oldest = id
 		}
 		delete(l.last, oldest)
 		victims = append(victims, oldest)
 	}
 	l.mu.Unlock()
 	for _, v := range victims {
-		l.log.Info("closing the least recently used session", "session", v, "max_sessions", l.max)
-		req, err := http.NewRequestWithContext(context.WithoutCancel(via.Context()), http.MethodDelete, via.URL.String(), nil)
-		if err != nil {
-			continue
-		}
-		req.Header.Set("Mcp-Session-Id", v)
-		req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
-		req.Host, req.RemoteAddr = via.Host, via.RemoteAddr
-		// Not on the new session's response: a DELETE waits for the old
-		// session's calls to end.
-		go l.next.ServeHTTP(discardResponse{}, req)
+		l.log.Info("closing the least recently used session", "session", v, "max_sessions", l.max, "the new one", v == id)
+		l.close(v, via)
 	}
+	return len(victims) == 0 || victims[len(victims)-1] != id
 }
 
-// sessionRecorder sees the session id the SDK gives a new session.
+// close closes session v as its client's DELETE would.
+func (l *sessionLimit) close(v string, via *http.Request) {
+	req, err := http.NewRequestWithContext(context.WithoutCancel(via.Context()), http.MethodDelete, via.URL.String(), nil)
+	if err != nil {
+		return
+	}
+	req.Header.Set("Mcp-Session-Id", v)
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	req.Host, req.RemoteAddr = via.Host, via.RemoteAddr
+	// Not on the new session's response: a DELETE waits for the old
+	// session's calls to end.
+	go l.next.ServeHTTP(discardResponse{}, req)
+}
+
+// sessionRecorder sees the session id the SDK gives a new session, and
+// turns the answer into a refusal when no room can be made for it.
 type sessionRecorder struct {
 	http.ResponseWriter
 	l       *sessionLimit
 	r       *http.Request
 	written bool
+	refused bool
 }
 
 func (s *sessionRecorder) WriteHeader(code int) {
-	if !s.written {
-		s.written = true
-		if id := s.Header().Get("Mcp-Session-Id"); id != "" && code < 300 {
-			s.l.opened(id, s.r)
-		}
+	if s.written {
+		return
+	}
+	s.written = true
+	if id := s.Header().Get("Mcp-Session-Id"); id != "" && code < 300 && !s.l.opened(id, s.r) {
+		s.refused = true
+		h := s.ResponseWriter.Header()
+		h.Del("Mcp-Session-Id")
+		h.Set("Content-Type", "text/plain; charset=utf-8")
+		h.Set("Retry-After", "10")
+		s.ResponseWriter.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(s.ResponseWriter, "mcp-exec: %d MCP sessions are open, each with a call under way or persistent sessions of its own (MCP_EXEC_MAX_SESSIONS=%d); try again later\n", s.l.max, s.l.max)
+		return
 	}
 	s.ResponseWriter.WriteHeader(code)
 }
@@ -241,6 +282,9 @@ func (s *sessionRecorder) WriteHeader(code int) {
 func (s *sessionRecorder) Write(p []byte) (int, error) {
 	if !s.written {
 		s.WriteHeader(http.StatusOK)
+	}
+	if s.refused {
+		return len(p), nil
 	}
 	return s.ResponseWriter.Write(p)
 }
@@ -394,10 +438,5 @@ func (l *liveRequests) originOf(req *mcp.CallToolRequest) origin {
 		cancel()
 		return origin{ctx: ctx, client: "http"}
 	}
-	o := origin{ctx: lr.ctx, client: lr.remote}
-	if !l.stateless && lr.session != "" {
-		// A session id the SDK served the request under: one it made.
-		o.owner = "http " + lr.session
-	}
-	return o
+	return origin{ctx: lr.ctx, client: lr.remote}
 }

@@ -8,10 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inhuman/mcp-exec/runtime"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // Persistent sessions: a sandbox held for one caller between calls, named
@@ -65,58 +68,96 @@ const rememberEnded = 4096
 type sessions struct {
 	srv *Server
 
-	mu        sync.Mutex
-	live      map[string]*held
-	opening   int            // "new" calls making their sandbox
-	openingBy map[string]int // of them, by owner
-	ended     map[string]string
-	order     []string // ended handles, oldest first
-	closed    bool
+	mu       sync.Mutex
+	live     map[string]*held // by handle: opening, idle, busy or ending
+	watching map[*mcp.ServerSession]bool
+	ended    map[string]string
+	order    []string // ended handles, oldest first
+	closed   bool
 }
 
-// held is one live session.
+// heldState is where a persistent session is in its life. Every change
+// goes through move, which refuses what cannot happen.
+type heldState int
+
+const (
+	// opening: reserved by a "new" call, its sandbox being made.
+	opening heldState = iota
+	// idle: between calls (frozen); its idle timer runs.
+	idle
+	// busy: a call has its turn; later calls queue.
+	busy
+	// ending: past its lifetime during a call; it ends when the call does.
+	ending
+	// ended: gone, its sandbox torn down; its handle names why.
+	ended
+)
+
+var heldMoves = map[heldState][]heldState{
+	opening: {busy, ended},
+	idle:    {busy, ended},
+	busy:    {idle, ending, ended},
+	ending:  {ended},
+}
+
+// held is one persistent session, from its reservation to its end.
 type held struct {
 	handle, id string
-	sess       Session
-	client     string // for the log and audit log
-	owner      string // the client it counts against (PersistentPerClient)
+	client     string             // for the log and audit log
+	owner      *mcp.ServerSession // the client it counts against and lives no longer than; nil when none is known
 	created    time.Time
+	sess       Session // nil while opening
 
 	mu       sync.Mutex
-	busy     bool
+	state    heldState
+	why      string          // why it ended (ended)
 	queue    []chan struct{} // calls waiting for their turn, in arrival order
-	ended    string
-	expired  string // the lifetime passed during a call: end after it
 	idle     *time.Timer
 	lifetime *time.Timer
 }
 
-func newSessions(s *Server) *sessions {
-	return &sessions{srv: s, live: map[string]*held{}, openingBy: map[string]int{}, ended: map[string]string{}}
+// move changes h's state, or says it cannot. h.mu is held.
+func (h *held) move(to heldState) bool {
+	for _, ok := range heldMoves[h.state] {
+		if ok == to {
+			h.state = to
+			return true
+		}
+	}
+	return false
 }
 
-// reserve makes room for a new session of owner (the client it counts
-// against; "" when none is known), or says why there is none.
-func (ss *sessions) reserve(owner string) error {
+func newSessions(s *Server) *sessions {
+	return &sessions{srv: s, live: map[string]*held{}, watching: map[*mcp.ServerSession]bool{}, ended: map[string]string{}}
+}
+
+// reserve makes room for a new session of owner, or says why there is
+// none: the session is opening until open or unreserve.
+func (ss *sessions) reserve(client string, owner *mcp.ServerSession) (*held, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	o := ss.srv.opts
 	switch n := ss.owned(owner); {
 	case ss.closed:
-		return errors.New("the server is shutting down")
-	case len(ss.live)+ss.opening >= o.PersistentMax:
-		return fmt.Errorf("session: %d persistent sessions are open, the most allowed (MCP_EXEC_PERSISTENT_MAX=%d); end one with end_session, or call without session", len(ss.live)+ss.opening, o.PersistentMax)
-	case owner != "" && n >= o.perClient():
-		return fmt.Errorf("session: this client holds %d persistent sessions, the most one client may (MCP_EXEC_PERSISTENT_PER_CLIENT=%d); end one with end_session, or call without session", n, o.perClient())
+		return nil, errors.New("the server is shutting down")
+	case len(ss.live) >= o.PersistentMax:
+		return nil, fmt.Errorf("session: %d persistent sessions are open, the most allowed (MCP_EXEC_PERSISTENT_MAX=%d); end one with end_session, or call without session", len(ss.live), o.PersistentMax)
+	case owner != nil && n >= o.perClient():
+		return nil, fmt.Errorf("session: this client holds %d persistent sessions, the most one client may (MCP_EXEC_PERSISTENT_PER_CLIENT=%d); end one with end_session, or call without session", n, o.perClient())
 	}
-	ss.opening++
-	ss.openingBy[owner]++
-	return nil
+	h := &held{handle: newHandle(), client: client, owner: owner, created: time.Now(), state: opening}
+	h.id = sessionID(h.handle)
+	ss.live[h.handle] = h
+	if owner != nil && !ss.watching[owner] {
+		ss.watching[owner] = true
+		go ss.endWithOwner(owner)
+	}
+	return h, nil
 }
 
 // owned counts the sessions owner holds or is opening. ss.mu is held.
-func (ss *sessions) owned(owner string) int {
-	n := ss.openingBy[owner]
+func (ss *sessions) owned(owner *mcp.ServerSession) int {
+	n := 0
 	for _, h := range ss.live {
 		if h.owner == owner {
 			n++
@@ -125,34 +166,53 @@ func (ss *sessions) owned(owner string) int {
 	return n
 }
 
-// opened ends owner's reservation. ss.mu is held.
-func (ss *sessions) opened(owner string) {
-	ss.opening--
-	if ss.openingBy[owner]--; ss.openingBy[owner] <= 0 {
-		delete(ss.openingBy, owner)
+// endWithOwner ends owner's sessions once its MCP session has ended
+// (the client deleted it, it idled out, its stream closed): nobody can
+// call them any more, and they would hold their places for nothing.
+func (ss *sessions) endWithOwner(owner *mcp.ServerSession) {
+	owner.Wait()
+	ss.mu.Lock()
+	delete(ss.watching, owner)
+	var theirs []*held
+	for _, h := range ss.live {
+		if h.owner == owner {
+			theirs = append(theirs, h)
+		}
+	}
+	ss.mu.Unlock()
+	for _, h := range theirs {
+		ss.expire(h, endClosed)
 	}
 }
 
-// open registers a new session's sandbox, made after owner's reserve.
-func (ss *sessions) open(sess Session, client, owner string) (*held, error) {
-	o := ss.srv.opts
-	h := &held{handle: newHandle(), sess: sess, client: client, owner: owner, created: time.Now()}
-	h.id = sessionID(h.handle)
+// holds says whether the MCP session of id has persistent sessions.
+func (ss *sessions) holds(id string) bool {
 	ss.mu.Lock()
-	ss.opened(owner)
-	if ss.closed {
-		ss.mu.Unlock()
-		sess.Close()
-		return nil, fmt.Errorf("%w: the server is shutting down", runtime.ErrSandbox)
+	defer ss.mu.Unlock()
+	for _, h := range ss.live {
+		if h.owner != nil && h.owner.ID() == id {
+			return true
+		}
 	}
-	ss.live[h.handle] = h
-	ss.mu.Unlock()
+	return false
+}
+
+// open gives a reserved session its sandbox; the call that made it has
+// the first turn.
+func (ss *sessions) open(h *held, sess Session) error {
+	o := ss.srv.opts
 	h.mu.Lock()
-	h.busy = true // the call that made it runs first
+	h.sess = sess
+	ok := h.move(busy)
 	h.idle = time.AfterFunc(o.PersistentIdle, func() { ss.expire(h, endIdle) })
 	h.idle.Stop()
 	h.lifetime = time.AfterFunc(o.PersistentLifetime, func() { ss.expire(h, endLifetime) })
 	h.mu.Unlock()
+	if !ok {
+		// Ended while opening: the server is shutting down.
+		sess.Close()
+		return fmt.Errorf("%w: the server is shutting down", runtime.ErrSandbox)
+	}
 	go func() {
 		<-sess.Done()
 		if r := sess.Ended(); r != "" {
@@ -160,15 +220,17 @@ func (ss *sessions) open(sess Session, client, owner string) (*held, error) {
 		}
 	}()
 	ss.srv.auditSession(h, "session_start", "")
-	ss.srv.log.Info("persistent session started", "session", h.id, "client", client)
-	return h, nil
+	ss.srv.log.Info("persistent session started", "session", h.id, "client", h.client)
+	return nil
 }
 
-// unreserve gives back owner's reservation whose sandbox could not be
-// made.
-func (ss *sessions) unreserve(owner string) {
+// unreserve gives back a reservation whose sandbox could not be made.
+func (ss *sessions) unreserve(h *held) {
+	h.mu.Lock()
+	h.move(ended)
+	h.mu.Unlock()
 	ss.mu.Lock()
-	ss.opened(owner)
+	delete(ss.live, h.handle)
 	ss.mu.Unlock()
 }
 
@@ -196,13 +258,11 @@ func (ss *sessions) lookup(handle string) (*held, error) {
 // counts against MaxQueued. release must follow a nil error.
 func (ss *sessions) turn(ctx context.Context, h *held) error {
 	h.mu.Lock()
-	if h.ended != "" {
-		why := h.ended
+	if h.state == ended || h.state == opening {
 		h.mu.Unlock()
-		return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(why, ss.srv.opts))
+		return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, ss.srv.opts))
 	}
-	if !h.busy {
-		h.busy = true
+	if h.move(busy) {
 		h.idle.Stop()
 		h.mu.Unlock()
 		return nil
@@ -221,19 +281,17 @@ func (ss *sessions) turn(ctx context.Context, h *held) error {
 	case <-ch:
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if h.ended != "" {
+		if h.state == ended {
 			ss.passTurn(h)
-			return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.ended, ss.srv.opts))
+			return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, ss.srv.opts))
 		}
 		return nil
 	case <-ctx.Done():
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		for i, c := range h.queue {
-			if c == ch {
-				h.queue = append(h.queue[:i], h.queue[i+1:]...)
-				return ctx.Err()
-			}
+		if i := slices.Index(h.queue, ch); i >= 0 {
+			h.queue = slices.Delete(h.queue, i, i+1)
+			return ctx.Err()
 		}
 		// The turn came as the call was cancelled: hand it on.
 		ss.passTurn(h)
@@ -241,8 +299,8 @@ func (ss *sessions) turn(ctx context.Context, h *held) error {
 	}
 }
 
-// passTurn gives the turn to the next waiting call, or frees it. h.mu is
-// held.
+// passTurn gives the turn to the next waiting call, or makes h idle. h.mu
+// is held.
 func (ss *sessions) passTurn(h *held) {
 	if len(h.queue) > 0 {
 		next := h.queue[0]
@@ -250,36 +308,40 @@ func (ss *sessions) passTurn(h *held) {
 		close(next)
 		return
 	}
-	h.busy = false
-	if h.ended == "" {
+	if h.move(idle) {
 		h.idle.Reset(ss.srv.opts.PersistentIdle)
 	}
 }
 
-// release ends a call's turn; ended, when not "", ends the session.
-func (ss *sessions) release(h *held, ended string) {
+// release ends a call's turn; why, when not "", ends the session, as does
+// a lifetime that passed during the call.
+func (ss *sessions) release(h *held, why string) {
 	h.mu.Lock()
-	if ended == "" {
-		ended = h.expired
+	if why == "" && h.state == ending {
+		why = endLifetime
 	}
 	h.mu.Unlock()
-	if ended != "" {
-		ss.end(h, ended)
+	if why != "" {
+		ss.end(h, why)
 	}
 	h.mu.Lock()
 	ss.passTurn(h)
 	h.mu.Unlock()
 }
 
-// expire ends an idle session, or one past its lifetime; a call under way
-// finishes first.
+// expire ends a session between its calls (idle, lifetime, its client
+// gone); during a call, a lifetime ends it when the call does, and the
+// call's client ends it by its own end.
 func (ss *sessions) expire(h *held, why string) {
 	h.mu.Lock()
-	if h.busy {
+	if h.state == busy {
 		if why == endLifetime {
-			h.expired = why
+			h.move(ending)
 		}
 		h.mu.Unlock()
+		if why == endClosed {
+			ss.end(h, why) // its client is gone: its call is cancelled too
+		}
 		return
 	}
 	h.mu.Unlock()
@@ -290,13 +352,16 @@ func (ss *sessions) expire(h *held, why string) {
 // remembered with the reason.
 func (ss *sessions) end(h *held, why string) {
 	h.mu.Lock()
-	if h.ended != "" {
+	if !h.move(ended) {
 		h.mu.Unlock()
 		return
 	}
-	h.ended = why
-	h.idle.Stop()
-	h.lifetime.Stop()
+	h.why = why
+	sess := h.sess
+	if h.idle != nil {
+		h.idle.Stop()
+		h.lifetime.Stop()
+	}
 	h.mu.Unlock()
 
 	ss.mu.Lock()
@@ -308,8 +373,10 @@ func (ss *sessions) end(h *held, why string) {
 		ss.order = ss.order[1:]
 	}
 	ss.mu.Unlock()
-
-	if err := h.sess.Close(); err != nil {
+	if sess == nil {
+		return // it was opening: its call closes what it made
+	}
+	if err := sess.Close(); err != nil {
 		ss.srv.log.Error("tearing down a persistent session", "session", h.id, "err", err)
 	}
 	ss.srv.auditSession(h, "session_end", why)
@@ -333,11 +400,127 @@ func (ss *sessions) closeAll() {
 	wg.Wait()
 }
 
+// call runs a call in a persistent session, a new one or the one its
+// handle names: its turn after the session's earlier calls, a
+// concurrency slot, the sandbox made (for "new"), the run, the release.
+func (ss *sessions) call(ctx context.Context, req *mcp.CallToolRequest, in execInput, o origin) (runtime.Result, time.Duration, sessionOut, error) {
+	s := ss.srv
+	endOnly := in.EndSession && in.Code == ""
+	timeout, files, err := ss.check(req, in, endOnly)
+	if err != nil {
+		return runtime.Result{}, 0, sessionOut{}, err
+	}
+	var stage atomic.Int32
+	stage.Store(waitingTurn)
+	live := s.live(req)
+	defer s.progress(ctx, req, &stage, live)()
+	h, err := ss.claim(ctx, req, in, o)
+	if err != nil || endOnly {
+		if err == nil {
+			ss.release(h, endClosed)
+			return runtime.Result{}, 0, sessionOut{h.handle, endClosed}, nil
+		}
+		return runtime.Result{}, timeout, sessionOut{}, err
+	}
+	stage.Store(waitingSlot)
+	if err := s.acquire(ctx); err != nil {
+		ss.giveBack(h)
+		return runtime.Result{}, timeout, sessionOut{}, err
+	}
+	defer func() { <-s.sem }()
+	stage.Store(running)
+	if h.sess == nil {
+		if err := ss.make(ctx, h); err != nil {
+			return runtime.Result{}, timeout, sessionOut{}, err
+		}
+	}
+	res, err := h.sess.Run(ctx, s.request(ctx, in, files, timeout, live))
+	why, err := ss.verdict(res, err, in.EndSession)
+	ss.release(h, why)
+	return res, timeout, sessionOut{h.handle, why}, err
+}
+
+// check refuses a session call that cannot be made, and checks a call
+// that runs code.
+func (ss *sessions) check(req *mcp.CallToolRequest, in execInput, endOnly bool) (time.Duration, []runtime.File, error) {
+	switch {
+	case in.Session == "":
+		return 0, nil, &inputError{errors.New(`end_session needs session: the handle of the persistent session to end`)}
+	case ss.srv.opts.PersistentMax == 0:
+		return 0, nil, &inputError{errors.New("session: persistent sessions are off on this server (MCP_EXEC_PERSISTENT_MAX=0); call without session for a fresh sandbox")}
+	case endOnly && in.Session == "new":
+		return 0, nil, &inputError{errors.New(`end_session with session "new" and no code: there is no session to end`)}
+	case endOnly:
+		return 0, nil, nil
+	}
+	return ss.srv.validateCall(in, ss.srv.scopeOf(req.Session))
+}
+
+// claim reserves a new session, or waits for the turn of the one in's
+// handle names.
+func (ss *sessions) claim(ctx context.Context, req *mcp.CallToolRequest, in execInput, o origin) (*held, error) {
+	if in.Session == "new" {
+		h, err := ss.reserve(o.client, ss.srv.scopeOf(req.Session))
+		if err != nil {
+			return nil, &inputError{err}
+		}
+		return h, nil
+	}
+	h, err := ss.lookup(in.Session)
+	if err != nil {
+		return nil, &inputError{err}
+	}
+	if err := ss.turn(ctx, h); err != nil {
+		if errors.Is(err, errBusy) || ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, &inputError{err}
+	}
+	return h, nil
+}
+
+// giveBack undoes claim for a call that got no slot.
+func (ss *sessions) giveBack(h *held) {
+	if h.sess == nil {
+		ss.unreserve(h)
+		return
+	}
+	ss.release(h, "")
+}
+
+// make makes a reserved session's sandbox.
+func (ss *sessions) make(ctx context.Context, h *held) error {
+	sess, err := ss.srv.eng.NewSession(ctx)
+	if err != nil {
+		ss.unreserve(h)
+		return err
+	}
+	return ss.open(h, sess)
+}
+
+// verdict is why a session call's result ends its session ("" when it
+// lives on), and the error the caller gets.
+func (ss *sessions) verdict(res runtime.Result, err error, endSession bool) (string, error) {
+	why := string(res.Ended)
+	var gone *runtime.EndedError
+	switch {
+	case errors.As(err, &gone):
+		why = string(gone.Reason)
+		err = &inputError{fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(why, ss.srv.opts))}
+	case errors.Is(err, runtime.ErrSandbox) && why == "":
+		// The sandbox could not run the call: the session goes with it.
+		why = string(runtime.EndExited)
+	case why == "" && endSession:
+		why = endClosed
+	}
+	return why, err
+}
+
 // describeEnd says what an end reason means.
 func describeEnd(why string, o Options) string {
 	switch why {
 	case endClosed:
-		return "closed: a call ended it with end_session"
+		return "closed: a call ended it with end_session, or the MCP session that opened it ended"
 	case endIdle:
 		return fmt.Sprintf("idle: no call for %s s (MCP_EXEC_PERSISTENT_IDLE_S)", fmtSeconds(o.PersistentIdle))
 	case endLifetime:

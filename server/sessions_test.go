@@ -101,6 +101,7 @@ func callErr(t *testing.T, cs *mcp.ClientSession, args map[string]any) string {
 func sessionOptions() Options {
 	o := testOptions()
 	o.PersistentMax, o.PersistentIdle, o.PersistentLifetime = 2, time.Minute, time.Hour
+	o.PersistentPerClient = 2 // one client makes them all here
 	return o
 }
 
@@ -227,9 +228,11 @@ func TestSessionsEndAtShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	sess, _ := eng.NewSession(context.Background())
-	s.persist.reserve("test")
-	h, err := s.persist.open(sess, "test", "test")
+	h, err := s.persist.reserve("test", nil)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.persist.open(h, sess); err != nil {
 		t.Fatal(err)
 	}
 	s.persist.release(h, "")
@@ -329,10 +332,11 @@ func TestSessionProgressWhileWaiting(t *testing.T) {
 }
 
 // clientAs connects another go-sdk client to s, over in-memory transports,
-// as the client owner (its persistent sessions count against it).
+// named owner: a client of its own (an MCP session, which its persistent
+// sessions count against).
 func clientAs(t *testing.T, s *Server, owner string) *mcp.ClientSession {
 	t.Helper()
-	srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: owner, owner: owner} })
+	srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: owner} })
 	st, ct := mcp.NewInMemoryTransports()
 	ss, err := srv.Connect(context.Background(), st, nil)
 	if err != nil {
@@ -349,11 +353,11 @@ func clientAs(t *testing.T, s *Server, owner string) *mcp.ClientSession {
 // One client holds at most PersistentPerClient sessions, half of
 // PersistentMax by default: its fifth "new" of eight is refused, naming
 // the variable, while another client still gets one; ending one of its
-// own makes room again. Where no client is known (stateless HTTP: owner
-// ""), only PersistentMax bounds them.
+// own makes room again. (Where no client is known, stateless HTTP, only
+// PersistentMax bounds them: TestSessionsPerClientOverHTTP.)
 func TestSessionsPerClient(t *testing.T) {
 	o := sessionOptions()
-	o.PersistentMax = 8
+	o.PersistentMax, o.PersistentPerClient = 8, 0 // the default share: half
 	srv, _ := connect(t, newFakeEngine(), o, nil)
 	a, b := clientAs(t, srv, "a"), clientAs(t, srv, "b")
 	var held []string
@@ -381,18 +385,6 @@ func TestSessionsPerClient(t *testing.T) {
 	call(t, a, map[string]any{"code": "set:x=1", "session": "new"})
 	if msg := callErr(t, a, map[string]any{"code": "set:x=1", "session": "new"}); !strings.Contains(msg, "MCP_EXEC_PERSISTENT_PER_CLIENT=2") {
 		t.Errorf("past MCP_EXEC_PERSISTENT_PER_CLIENT=2: %q", msg)
-	}
-
-	o.PersistentPerClient = 0
-	srv, _ = connect(t, newFakeEngine(), o, nil)
-	anyone := clientAs(t, srv, "")
-	for i := range 8 {
-		if msg := callErr(t, anyone, map[string]any{"code": "set:x=1", "session": "new"}); msg != "" {
-			t.Fatalf("session %d where no client is known: %q", i+1, msg)
-		}
-	}
-	if msg := callErr(t, anyone, map[string]any{"code": "set:x=1", "session": "new"}); !strings.Contains(msg, "MCP_EXEC_PERSISTENT_MAX=8") {
-		t.Errorf("past the server's maximum: %q", msg)
 	}
 }
 
@@ -457,7 +449,7 @@ func (bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // and the description says which, with a client's share.
 func TestDescriptionSessionsPause(t *testing.T) {
 	o := sessionOptions()
-	o.PersistentMax = 8
+	o.PersistentMax, o.PersistentPerClient = 8, 0 // the default share: half
 	s, err := New(newFakeEngine(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -475,5 +467,92 @@ func TestDescriptionSessionsPause(t *testing.T) {
 	o.PersistentPerClient = 9
 	if _, err := New(newFakeEngine(), o); err == nil || !strings.Contains(err.Error(), "{PersistentPerClient}") {
 		t.Errorf("a client's share above the maximum: %v, want an error naming {PersistentPerClient}", err)
+	}
+}
+
+// A client's persistent sessions end with its MCP session (deleted, idled
+// out, its stream closed): nobody can call them any more, and they give
+// their places back. Without it one client could hold every place after
+// it left (red team F3).
+func TestSessionsEndWithTheirClient(t *testing.T) {
+	o := sessionOptions()
+	srv, _ := connect(t, newFakeEngine(), o, nil)
+	a, b := clientAs(t, srv, "a"), clientAs(t, srv, "b")
+	var held []string
+	for range 2 {
+		out, _ := call(t, a, map[string]any{"code": "set:x=1", "session": "new"})
+		held = append(held, out.Session)
+	}
+	if msg := callErr(t, b, map[string]any{"code": "set:x=1", "session": "new"}); !strings.Contains(msg, "MCP_EXEC_PERSISTENT_MAX=2") {
+		t.Fatalf("with every place taken: %q", msg)
+	}
+	a.Close()
+	testenv.EventuallyWithin(t, 10*time.Second, "the gone client's sessions to end", func() bool {
+		return callErr(t, b, map[string]any{"code": "set:x=1", "session": "new"}) == ""
+	})
+	if msg := callErr(t, b, map[string]any{"code": "get:x", "session": held[0]}); !strings.Contains(msg, "has ended (closed") {
+		t.Errorf("a call to the gone client's session: %q, want it ended, closed", msg)
+	}
+}
+
+// Past MCP_EXEC_MAX_SESSIONS a new HTTP session closes the least recently
+// used one it may: never one with a call under way, nor one holding
+// persistent sessions, which another client could otherwise take away by
+// opening sessions (red team F11); when none may go, the new one is
+// refused. An idle one still makes room.
+func TestHTTPSessionsNotTakenFromBusyClients(t *testing.T) {
+	o := sessionOptions()
+	o.Transport, o.AuthToken, o.MaxSessions = HTTP, testToken, 2
+	s, err := New(newFakeEngine(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.ServeHTTP(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-served })
+	url := "http://" + ln.Addr().String() + "/mcp"
+	dial := func() (*mcp.ClientSession, error) {
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(ctx,
+			&mcp.StreamableClientTransport{Endpoint: url, HTTPClient: &http.Client{Transport: bearer{}}}, nil)
+		if err == nil {
+			t.Cleanup(func() { cs.Close() })
+		}
+		return cs, err
+	}
+	a, err := dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle, _ := call(t, b, map[string]any{"code": "set:x=kept", "session": "new"})
+	long := make(chan string, 1)
+	go func() {
+		res, err := a.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "sleep:2s"}})
+		if err != nil || res.IsError {
+			long <- fmt.Sprintf("%v %v", err, res)
+			return
+		}
+		long <- ""
+	}()
+	testenv.Eventually(t, "a's call to be under way", func() bool { return s.waiting.Load() == 0 && len(s.sem) == 1 })
+	if _, err := dial(); err == nil || !strings.Contains(err.Error(), "Service Unavailable") {
+		t.Errorf("a third client, with one busy and one holding a session: %v, want 503", err)
+	}
+	if msg := <-long; msg != "" {
+		t.Errorf("the busy client's call: %s", msg)
+	}
+	if out, _ := call(t, b, map[string]any{"code": "get:x", "session": handle.Session}); out.Stdout != "kept" {
+		t.Errorf("the session holder's session after the third client: %+v", out)
+	}
+	if _, err := dial(); err != nil {
+		t.Errorf("a fourth client, with one idle: %v; want the idle one closed to make room", err)
 	}
 }

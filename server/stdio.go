@@ -30,7 +30,7 @@ func (s *Server) ServeStdio(ctx context.Context, in io.Reader, out io.Writer) er
 func (s *Server) Serve(ctx context.Context, t mcp.Transport, client string) error {
 	s.serving(ctx)
 	defer s.drain()
-	srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: client, owner: client} })
+	srv := s.mcpServer(func(*mcp.CallToolRequest) origin { return origin{client: client} })
 	return srv.Run(ctx, t)
 }
 

@@ -2,9 +2,11 @@ package server
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
@@ -112,6 +114,18 @@ func timeoutText(out execOutput, timeout time.Duration) string {
 	return after + ": the code was interrupted (KeyboardInterrupt) and stopped"
 }
 
+// shownName is a file name the code chose, as the text lists it: quoted
+// (Go syntax) when it holds a control character, a quote or a backslash,
+// or begins or ends with a space, so that no name can write a line of the
+// server's own text (red team F7); bounded.
+func shownName(p string) string {
+	if strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f || r == '"' || r == '\\' || !unicode.IsPrint(r) }) ||
+		strings.TrimSpace(p) != p {
+		return clip(strconv.Quote(p), 200)
+	}
+	return clip(p, 200)
+}
+
 // filesText lists the call's files, how each came back, and what was left
 // out and why.
 func (s *Server) filesText(c callText) string {
@@ -126,7 +140,7 @@ func (s *Server) filesText(c callText) string {
 		if how == "link" {
 			how, links = "resource_link "+f.URI, true
 		}
-		fmt.Fprintf(&b, "  %s (%d bytes): %s\n", clip(f.Path, 200), f.Size, how)
+		fmt.Fprintf(&b, "  %s (%d bytes): %s\n", shownName(f.Path), f.Size, how)
 	}
 	if links {
 		fmt.Fprintf(&b, "  (read a resource_link with resources/read, or pass its uri in files[].uri to a later call; it lives %s s)\n", fmtSeconds(o.ResourceTTL))
@@ -140,7 +154,7 @@ func (s *Server) filesText(c callText) string {
 			fmt.Fprintf(&b, "  and %d more (files_left_out)\n", len(out.FilesLeftOut)-listed)
 			break
 		}
-		fmt.Fprintf(&b, "  %s (%d bytes): %s\n", clip(l.Path, 200), l.Size, leftOutText(runtime.LeftOutReason(l.Why), o))
+		fmt.Fprintf(&b, "  %s (%d bytes): %s\n", shownName(l.Path), l.Size, leftOutText(runtime.LeftOutReason(l.Why), o))
 	}
 	if out.FilesTruncated && len(out.FilesLeftOut) == 0 {
 		fmt.Fprintf(&b, "files were left out of %s for the limits (%d files, %d bytes in all)\n", policy.OutputsDir, o.MaxFiles, o.MaxFileBytes)
