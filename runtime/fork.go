@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	"path/filepath"
 	"slices"
@@ -146,7 +147,7 @@ type template struct {
 // configuration of the fresh namespaces, the code's seccomp filter, and
 // the cgroup configuration its calls' cgroups are made from.
 type forkedSetup struct {
-	config *forkedConfig
+	config *initproto.Fresh
 	bpf    []byte
 	cgroup *cgroups.Cgroup
 }
@@ -291,7 +292,7 @@ func (ts *templates) setup(b *bundle.Bundle) (*forkedSetup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("converting spec: %w", err)
 	}
-	fc := &forkedConfig{Masked: slices.Clone(linux.MaskedPaths), Readonly: slices.Clone(linux.ReadonlyPaths), Hostname: spec.Hostname}
+	fc := &initproto.Fresh{Masked: slices.Clone(linux.MaskedPaths), Readonly: slices.Clone(linux.ReadonlyPaths), Hostname: spec.Hostname}
 	// Fresh: proc, and each tmpfs that holds no other mount (not /dev,
 	// whose device nodes are the template's binds, read-only to the code).
 	holds := func(dir string) bool {
@@ -299,11 +300,11 @@ func (ts *templates) setup(b *bundle.Bundle) (*forkedSetup, error) {
 	}
 	for _, m := range config.Mounts {
 		if m.Device == "proc" || (m.Device == "tmpfs" && !holds(m.Destination)) {
-			fc.Mounts = append(fc.Mounts, forkedMount{Target: m.Destination, Type: m.Device, Source: m.Source, Data: m.Data, Flags: uint64(m.Flags)})
+			fc.Mounts = append(fc.Mounts, initproto.Mount{Target: m.Destination, Type: m.Device, Source: m.Source, Data: m.Data, Flags: uint64(m.Flags)})
 		}
 	}
-	if !slices.ContainsFunc(fc.Mounts, func(m forkedMount) bool { return m.Type == "proc" }) ||
-		!slices.ContainsFunc(fc.Mounts, func(m forkedMount) bool { return m.Target == b.Init.WorkDir }) {
+	if !slices.ContainsFunc(fc.Mounts, func(m initproto.Mount) bool { return m.Type == "proc" }) ||
+		!slices.ContainsFunc(fc.Mounts, func(m initproto.Mount) bool { return m.Target == b.Init.WorkDir }) {
 		return nil, fmt.Errorf("the spec has no /proc or no tmpfs at the work dir %s, which a forked sandbox needs", b.Init.WorkDir)
 	}
 	if !cgroups.IsCgroup2UnifiedMode() {
@@ -589,9 +590,9 @@ func (fc *forkContainer) awaitForked() error {
 		select {
 		case ev := <-conn.events:
 			switch ev.kind {
-			case iForked:
+			case initproto.IForked:
 				return nil
-			case iError:
+			case initproto.IError:
 				return errors.New(ev.msg)
 			case 0:
 				return fmt.Errorf("the template ended: %s", conn.failure())
@@ -611,9 +612,9 @@ func (fc *forkContainer) awaitReaped() {
 		select {
 		case ev := <-conn.events:
 			switch ev.kind {
-			case iReaped:
+			case initproto.IReaped:
 				return
-			case iError, 0:
+			case initproto.IError, 0:
 				fc.broken = true
 				return
 			}
@@ -638,7 +639,7 @@ func (fc *forkContainer) started() error {
 	return nil
 }
 
-func (fc *forkContainer) initConfig() (*initConfig, error) {
+func (fc *forkContainer) initConfig() (*initproto.Config, error) {
 	cfg := containerInit(fc.b)
 	cfg.Forked, cfg.Seccomp = fc.tpl.fork.config, fc.tpl.fork.bpf
 	return cfg, nil

@@ -1,5 +1,5 @@
-// Code generated from runtime/initproto.go by TestInitProtocol; DO NOT EDIT.
-// The protocol between the runtime and the sandbox's init: see initproto.go.
+// Code generated from runtime/initproto by TestInitProtocol; DO NOT EDIT.
+// The protocol between the runtime and the sandbox's init: see runtime/initproto.
 #pragma once
 
 #define INIT_ARG             "__mcp_exec_init__"    // makes this executable the sandbox's init

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -266,7 +267,7 @@ func (lc *lcContainer) stdio() (child, parent [3]*os.File, err error) {
 	return child, parent, nil
 }
 
-func (lc *lcContainer) initConfig() (*initConfig, error) {
+func (lc *lcContainer) initConfig() (*initproto.Config, error) {
 	cfg := containerInit(lc.b)
 	cfg.Template = lc.template
 	return cfg, nil
@@ -432,7 +433,7 @@ func processFromSpec(p *specs.Process) (*libcontainer.Process, error) {
 		}
 	}
 	for _, rl := range p.Rlimits {
-		t, ok := rlimits[rl.Type]
+		t, ok := initproto.Rlimit(rl.Type)
 		if !ok {
 			return nil, fmt.Errorf("unknown rlimit %q", rl.Type)
 		}

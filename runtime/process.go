@@ -6,6 +6,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -193,7 +194,7 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 }
 
 // probe finds out what this host lets the runtime apply: it runs the
-// confinement steps in a throwaway child (probeMarker) and compiles the
+// confinement steps in a throwaway child (initproto.ProbeMarker) and compiles the
 // filter.
 func (r *ProcessRuntime) probe() error {
 	h := host.Probe()
@@ -206,7 +207,7 @@ func (r *ProcessRuntime) probe() error {
 		}
 		r.uids = &uidPool{claims: slotClaims{dir: r.cfg.SlotDir, base: r.cfg.UIDBase}}
 	}
-	out, err := exec.Command("/proc/self/exe", probeMarker).Output()
+	out, err := exec.Command("/proc/self/exe", initproto.ProbeMarker).Output()
 	if err != nil {
 		return fmt.Errorf("%w: probing what the process runtime can apply: %w", ErrSandbox, err)
 	}
@@ -315,7 +316,7 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox
 type procContainer struct {
 	rt   *ProcessRuntime
 	b    *bundle.Bundle
-	cfg  *initConfig
+	cfg  *initproto.Config
 	work string
 	uid  *claim // root: the call's own uid
 
@@ -365,14 +366,14 @@ func (pc *procContainer) create(context.Context) error {
 	return nil
 }
 
-func (pc *procContainer) initConfig() (*initConfig, error)              { return pc.cfg, nil }
+func (pc *procContainer) initConfig() (*initproto.Config, error)        { return pc.cfg, nil }
 func (pc *procContainer) stdio() (child, parent [3]*os.File, err error) { return pipes() }
 
 // start starts the init, in a process group of its own so that the whole
 // of it is killed at once, as one of the subreaper's own children; where
 // the host lets it, in namespaces of its own, as their pid 1.
 func (pc *procContainer) start(child [3]*os.File) error {
-	cmd := exec.Command("/proc/self/exe", initMarker)
+	cmd := exec.Command("/proc/self/exe", initproto.InitMarker)
 	cmd.Args[0] = "mcp-exec-init"
 	cmd.Env = processEnv(pc.b.Spec.Process.Env, pc.work)
 	cmd.Dir = pc.work
@@ -445,7 +446,7 @@ func (pc *procContainer) destroy() error {
 // counted per uid by the kernel), the code's confinement, and, where the
 // host lets it, the call's namespaces. The code runs as uid and gid: an
 // unprivileged server's own, or, under root, the call's.
-func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gid int) (*initConfig, error) {
+func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gid int) (*initproto.Config, error) {
 	in := b.Init
 	in.WorkDir = work
 	in.Script = filepath.Join(code, "main.py")
@@ -470,7 +471,7 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 	if err != nil {
 		return nil, err
 	}
-	p := &processConfig{
+	p := &initproto.Process{
 		Read:         append(append(slices.Clone(r.read), read...), code),
 		Exec:         slices.Concat(exe, r.cfg.Executables),
 		Devices:      policy.ProcessDevices(),
@@ -496,7 +497,7 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 			p.Read = append(p.Read, filepath.SplitList(v)...)
 		}
 	}
-	return &initConfig{Init: in, Process: p, Seccomp: r.seccomp}, nil
+	return &initproto.Config{Init: in, Process: p, Seccomp: r.seccomp}, nil
 }
 
 // interpreterRules are what the code must execute to run the interpreter
@@ -724,10 +725,10 @@ func (r *subreaper) removeUID(uid int) {
 	r.mu.Unlock()
 }
 
-// killUID kills every process of a call's uid, wherever it is (killMarker,
+// killUID kills every process of a call's uid, wherever it is (initproto.KillMarker,
 // started as that uid), and reports whether none is left.
 func (r *subreaper) killUID(uid int) error {
-	cmd := exec.Command("/proc/self/exe", killMarker)
+	cmd := exec.Command("/proc/self/exe", initproto.KillMarker)
 	cmd.Args[0] = "mcp-exec-kill"
 	cmd.Env = []string{}
 	cmd.Dir = "/"

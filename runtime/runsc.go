@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"io"
 	"os"
 	"os/exec"
@@ -185,7 +186,7 @@ func (rc *runscContainer) create(context.Context) error {
 }
 
 // initConfig is the bundle's, with the exact filter for the code.
-func (rc *runscContainer) initConfig() (*initConfig, error) {
+func (rc *runscContainer) initConfig() (*initproto.Config, error) {
 	c := containerInit(rc.b)
 	c.Seccomp = rc.seccomp
 	return c, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	goruntime "runtime"
 	"sync"
@@ -60,7 +61,7 @@ type container interface {
 	// started runs once the init runs, before it is configured.
 	started() error
 	// initConfig is the init's configuration.
-	initConfig() (*initConfig, error)
+	initConfig() (*initproto.Config, error)
 	// kill SIGKILLs every process of the container, the init included.
 	kill()
 	// verdict fills the OOM and pids flags, CPU time and peak memory.
@@ -422,4 +423,16 @@ func (t *teardownOnce) do(what string, teardown func() error) error {
 		}
 	})
 	return t.err
+}
+
+// subvertedInits are the bundles whose init plays one the code subverted
+// (initproto.Config.NoParentDeath): the watchdog's tests set it, nothing
+// else.
+var subvertedInits sync.Map
+
+// containerInit is the configuration of the init of a container: the
+// bundle's, as it is.
+func containerInit(b *bundle.Bundle) *initproto.Config {
+	_, subverted := subvertedInits.Load(b.ID)
+	return &initproto.Config{Init: b.Init, NoParentDeath: subverted}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -213,7 +214,7 @@ func (s *slots) start(cl *claim) (_ *slot, retErr error) {
 		return nil, err
 	}
 	defer outR.Close()
-	cmd := exec.Command(s.exe, holdMarker)
+	cmd := exec.Command(s.exe, initproto.HoldMarker)
 	cmd.Args[0] = "mcp-exec-userns"
 	cmd.Env = []string{}
 	cmd.Dir = "/"

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"io"
 	"math"
 	"os"
@@ -77,7 +78,7 @@ type callOutput struct {
 }
 
 func newCallOutput() callOutput {
-	return callOutput{stdout: newCappedBuffer(maxFrame), stderr: newCappedBuffer(maxFrame)}
+	return callOutput{stdout: newCappedBuffer(initproto.MaxFrame), stderr: newCappedBuffer(initproto.MaxFrame)}
 }
 
 // initConn is the conversation with one sandbox's init (not an MCP
@@ -126,8 +127,8 @@ func (s *initConn) read(from *os.File) {
 			return
 		}
 		n := binary.BigEndian.Uint32(head[1:])
-		if n > maxFrame {
-			s.events <- event{kind: iError, msg: fmt.Sprintf("the init sent a frame of %d bytes", n)}
+		if n > initproto.MaxFrame {
+			s.events <- event{kind: initproto.IError, msg: fmt.Sprintf("the init sent a frame of %d bytes", n)}
 			return
 		}
 		payload := make([]byte, n)
@@ -135,45 +136,45 @@ func (s *initConn) read(from *os.File) {
 			return
 		}
 		switch head[0] {
-		case iStdout, iStderr:
+		case initproto.IStdout, initproto.IStderr:
 			s.output(head[0], payload)
-		case iOutFile:
+		case initproto.IOutFile:
 			f, err := decodeFile(payload, true)
 			if err != nil {
-				s.events <- event{kind: iError, msg: err.Error()}
+				s.events <- event{kind: initproto.IError, msg: err.Error()}
 				return
 			}
 			s.mu.Lock()
 			s.out.files = append(s.out.files, f)
 			s.mu.Unlock()
-		case iSkipped:
+		case initproto.ISkipped:
 			s.mu.Lock()
 			s.out.skipped = true
 			s.mu.Unlock()
-		case iResult:
+		case initproto.IResult:
 			s.mu.Lock()
 			s.out.value = payload
 			s.mu.Unlock()
-		case iIdle:
+		case initproto.IIdle:
 			out := s.take()
-			s.events <- event{kind: iIdle, at: time.Now(), out: &out}
-		case iExit:
-			if n != exitFrameLen {
-				s.events <- event{kind: iError, msg: fmt.Sprintf("the init sent an exit frame of %d bytes, want %d", n, exitFrameLen)}
+			s.events <- event{kind: initproto.IIdle, at: time.Now(), out: &out}
+		case initproto.IExit:
+			if n != initproto.ExitFrameLen {
+				s.events <- event{kind: initproto.IError, msg: fmt.Sprintf("the init sent an exit frame of %d bytes, want %d", n, initproto.ExitFrameLen)}
 				return
 			}
-			s.events <- event{kind: iExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
+			s.events <- event{kind: initproto.IExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
 				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:])),
 				ran: time.Duration(binary.BigEndian.Uint64(payload[20:])), flags: binary.BigEndian.Uint32(payload[28:])}
-		case iNote:
+		case initproto.INote:
 			s.mu.Lock()
 			if len(s.out.notes) < 16 {
 				s.out.notes = append(s.out.notes, string(payload[:min(len(payload), 1024)]))
 			}
 			s.mu.Unlock()
-		case iError:
-			s.events <- event{kind: iError, msg: string(payload)}
-		case iForked, iReaped:
+		case initproto.IError:
+			s.events <- event{kind: initproto.IError, msg: string(payload)}
+		case initproto.IForked, initproto.IReaped:
 			if n == 4 {
 				s.events <- event{kind: head[0], at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload))}
 			}
@@ -188,13 +189,13 @@ func (s *initConn) read(from *os.File) {
 func (s *initConn) output(typ byte, p []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if typ == iStdout {
+	if typ == initproto.IStdout {
 		s.out.stdout.Write(p)
 	} else {
 		s.out.stderr.Write(p)
 	}
 	if s.live != nil {
-		s.live.write(typ == iStderr, p)
+		s.live.write(typ == initproto.IStderr, p)
 	}
 }
 
@@ -265,15 +266,15 @@ func writeFrame(w io.Writer, typ byte, payload ...[]byte) {
 // configure sends the init its configuration, the first frame, from its
 // own goroutine: an init that died before reading it must not hold the
 // runtime up (waitReady then sees it gone).
-func (s *initConn) configure(c *initConfig) error {
-	payload, err := c.encode()
+func (s *initConn) configure(c *initproto.Config) error {
+	payload, err := c.Encode()
 	if err != nil {
 		return err
 	}
 	s.wmu.Lock()
 	go func() {
 		defer s.wmu.Unlock()
-		writeFrame(s.to, hConfig, payload)
+		writeFrame(s.to, initproto.HConfig, payload)
 	}()
 	return nil
 }
@@ -289,22 +290,22 @@ func (s *initConn) send(req Request) {
 		for _, f := range req.Files {
 			var pn [2]byte
 			binary.BigEndian.PutUint16(pn[:], uint16(len(f.Path)))
-			writeFrame(w, hFile, pn[:], []byte(f.Path), f.Data)
+			writeFrame(w, initproto.HFile, pn[:], []byte(f.Path), f.Data)
 		}
 		for p := req.Stdin; len(p) > 0; {
 			n := min(len(p), 64<<10)
-			writeFrame(w, hStdin, p[:n])
+			writeFrame(w, initproto.HStdin, p[:n])
 			p = p[n:]
 		}
-		writeFrame(w, hStdinEnd)
-		writeFrame(w, hCPU, []byte(strconv.FormatInt(int64(math.Ceil(req.Timeout.Seconds())), 10)))
+		writeFrame(w, initproto.HStdinEnd)
+		writeFrame(w, initproto.HCPU, []byte(strconv.FormatInt(int64(math.Ceil(req.Timeout.Seconds())), 10)))
 		if req.Persistent {
-			writeFrame(w, hPersist)
+			writeFrame(w, initproto.HPersist)
 		}
 		if req.Live != nil {
-			writeFrame(w, hLive)
+			writeFrame(w, initproto.HLive)
 		}
-		writeFrame(w, hCode, req.Code)
+		writeFrame(w, initproto.HCode, req.Code)
 		w.Flush()
 	}()
 }
@@ -314,7 +315,7 @@ func (s *initConn) send(req Request) {
 func (s *initConn) forkRequest(payload []byte, fds []int) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	msg := frame(hFork, payload)
+	msg := frame(initproto.HFork, payload)
 	raw, err := s.to.SyscallConn()
 	if err != nil {
 		return err
@@ -337,10 +338,10 @@ func (s *initConn) forkRequest(payload []byte, fds []int) error {
 }
 
 // kill asks the init to kill the code; its answer follows as usual.
-func (s *initConn) kill() { s.signal(hKill) }
+func (s *initConn) kill() { s.signal(initproto.HKill) }
 
 // interrupt asks the init to interrupt the code (KeyboardInterrupt).
-func (s *initConn) interrupt() { s.signal(hInterrupt) }
+func (s *initConn) interrupt() { s.signal(initproto.HInterrupt) }
 
 func (s *initConn) signal(typ byte) {
 	go func() {
@@ -364,11 +365,11 @@ func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error 
 		select {
 		case ev := <-s.events:
 			switch ev.kind {
-			case iReady:
+			case initproto.IReady:
 				return nil
-			case iError:
+			case initproto.IError:
 				return fmt.Errorf("the sandbox's init: %s", ev.msg)
-			case iExit, 0:
+			case initproto.IExit, 0:
 				// The interpreter ended before it read any code.
 				return fmt.Errorf("the interpreter did not start: %s", s.failure())
 			}
@@ -455,7 +456,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 			}
 		case ev := <-s.events:
 			switch ev.kind {
-			case iStarted:
+			case initproto.IStarted:
 				start = ev.at
 				cpu0 = c.cpu()
 				if supervisionTimer {
@@ -463,7 +464,7 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 					timer, stopTimer = t.C, func() { t.Stop() }
 				}
 				c.deadline(start.Add(req.Timeout + watchdogGrace))
-			case iExit:
+			case initproto.IExit:
 				exitEv = &ev
 				exitAt = ev.at
 				res.Duration = ev.ran
@@ -473,17 +474,17 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 				grace = time.After(exportTimeout)
 				// The code is over; the init exports its files.
 				c.deadline(time.Now().Add(exportTimeout + time.Second))
-			case iError:
+			case initproto.IError:
 				if start.IsZero() {
 					// The call could not be set up (an input file failed):
 					// nothing of it runs.
 					initError = ev.msg
 					c.kill()
 				}
-			case iIdle:
+			case initproto.IIdle:
 				// A session's call is over; its sandbox waits for the next.
 				out, idle, ended = ev.out, true, true
-			case iDone:
+			case initproto.IDone:
 				// The init has sent all there is: the result is complete
 				// without waiting for its exit, which teardown sees to.
 				done, ended = true, true

@@ -3,6 +3,7 @@ package runtime
 import (
 	"bytes"
 	"fmt"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	"os/exec"
 	"slices"
@@ -66,11 +67,11 @@ func TestKeptInSync(t *testing.T) {
 	if !bytes.Contains(out, []byte("mcp-exec init: usage")) {
 		t.Errorf("%s %s printed %q, want the init's usage (INIT_ARG in sandboxinit.c)", self, bundle.InitMarker, out)
 	}
-	cmd := exec.Command(self, holdMarker)
+	cmd := exec.Command(self, initproto.HoldMarker)
 	cmd.Stdin = strings.NewReader("") // the holder exits at once when its stdin ends
 	out, _ = cmd.CombinedOutput()
 	if !bytes.HasPrefix(out, []byte("ok\n")) && !bytes.HasPrefix(out, []byte("error: unshare")) {
-		t.Errorf("%s %s printed %q, want the holder's answer (HOLD_ARG in sandboxinit.c)", self, holdMarker, out)
+		t.Errorf("%s %s printed %q, want the holder's answer (HOLD_ARG in sandboxinit.c)", self, initproto.HoldMarker, out)
 	}
 
 	// The icon the server sends is the one the registry's server.json names.
