@@ -42,7 +42,7 @@ import (
 // seccomp filter before the init lets it read any code (the init checks
 // it from outside, and moves it into the call's cgroups). From there a
 // call runs and is torn down exactly as any sandbox's (sandbox.go,
-// supervise.go). init_template.c and driver.py's zygote say how.
+// supervise.go). runtime/sandboxinit (init_template.c, zygote.py) says how.
 //
 // One difference a process can see: the code's parent is the zygote,
 // outside the call's pid namespace, so its getppid() is 0 (as for a

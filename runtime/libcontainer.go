@@ -111,6 +111,9 @@ type LibcontainerRuntime struct {
 // than run with less isolation.
 func NewLibcontainer(cfg Config) (*LibcontainerRuntime, error) {
 	cfg.setDefaults()
+	if err := initproto.Linked(); err != nil {
+		return nil, err
+	}
 	if err := LibcontainerUsable(); err != nil {
 		return nil, err
 	}

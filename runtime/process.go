@@ -151,6 +151,9 @@ func (i ProcessIsolation) Summary() string {
 // run at all: a root server that may not change uids.
 func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 	cfg.setDefaults()
+	if err := initproto.Linked(); err != nil {
+		return nil, err
+	}
 	if cfg.ProcessNamespaces == "" {
 		cfg.ProcessNamespaces = NamespacesAuto
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/inhuman/mcp-exec/rootfs"
 )
 
-// The init's protocol (initproto.go) is the product's contract between a
+// The init's protocol (runtime/initproto) is the product's contract between a
 // runtime and its sandboxes, the same under every runtime. These tests
 // speak it through the process runtime, which needs neither root nor a
 // container, so that make unit (-short) runs them anywhere; the runtime

@@ -76,6 +76,9 @@ type RunscRuntime struct {
 // less isolation.
 func NewRunsc(cfg Config) (*RunscRuntime, error) {
 	cfg.setDefaults()
+	if err := initproto.Linked(); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), host.ProbeTimeout)
 	defer cancel()
 	info := host.ProbeRunsc(ctx, host.Probe(), cfg.RunscPath, cfg.RunscPlatform)

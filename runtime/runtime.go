@@ -5,10 +5,10 @@
 // runsc (gVisor, as a child process) and process (the sandbox's init as a
 // confined process of the server's machine, for a server that cannot make
 // containers). All share one sandbox core (sandbox.go) and one init and
-// its protocol (initproto.go, sandboxinit.c); each contributes a container
-// (create, start, kill, statistics, teardown). The containers enforce
-// exactly what the bundle's spec says; per-call knobs (stdin, timeout,
-// output caps) arrive in a Request. The package knows nothing of MCP; of
+// its protocol (runtime/sandboxinit, runtime/initproto); each contributes
+// a container (create, start, kill, statistics, teardown). The containers
+// enforce exactly what the bundle's spec says; per-call knobs (stdin,
+// timeout, output caps) arrive in a Request. The package knows nothing of MCP; of
 // policy it reads only what the spec cannot carry: the process runtime's
 // confinement (policy/process.go) and the CPU weight of a call.
 //

@@ -17,7 +17,7 @@ import (
 var update = flag.Bool("update", false, "rewrite the sandbox init's initproto.h from this package")
 
 // header is where the C side's definitions are checked in.
-var header = filepath.Join("..", "initproto.h")
+var header = filepath.Join("..", "sandboxinit", "initproto.h")
 
 // The C side's definitions are rendered from this package: the header that
 // is checked in is the one the Go side would write.
@@ -53,8 +53,8 @@ func TestInitProtocol(t *testing.T) {
 
 // Every @NAME@ of the interpreter's program is one the protocol defines.
 func TestDriverNames(t *testing.T) {
-	for _, name := range []string{"driver.py"} {
-		src, err := os.ReadFile(filepath.Join("..", name))
+	for _, name := range []string{"driver.py", "zygote.py"} {
+		src, err := os.ReadFile(filepath.Join("..", "sandboxinit", name))
 		if err != nil {
 			t.Fatal(err)
 		}
