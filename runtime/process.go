@@ -6,7 +6,6 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
-	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -18,12 +17,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // The process runtime runs each call as a fresh process of the server's
@@ -287,11 +288,14 @@ func readProbe(out []byte, euid int, uidPerCall bool) ProcessIsolation {
 	return iso
 }
 
-func (r *ProcessRuntime) Kind() Kind        { return Process }
-func (r *ProcessRuntime) BundleDir() string { return r.dir }
+func (r *ProcessRuntime) Kind() Kind { return Process }
 
-// InitDir: the init is this executable itself.
-func (r *ProcessRuntime) InitDir() string { return "/proc/self" }
+// Dir is the runtime's own dir, where its calls' bundles are: removed
+// when it closes.
+func (r *ProcessRuntime) Dir() string { return r.dir }
+
+// processInitDir: the process runtime's init is this executable itself.
+const processInitDir = "/proc/self"
 
 // Isolation is what each call gets on this host.
 func (r *ProcessRuntime) Isolation() ProcessIsolation { return r.iso }
@@ -311,7 +315,16 @@ func (r *ProcessRuntime) Close() error {
 
 // Prepare starts the init for b's process in a fresh working dir, and
 // returns once the interpreter waits for its code.
-func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+func (r *ProcessRuntime) Prepare(ctx context.Context, cfg bundle.Config) (Sandbox, error) {
+	b, err := newBundle(r.dir, processInitDir, cfg, uuid.NewString())
+	if err != nil {
+		return nil, err
+	}
+	return r.prepareBundle(ctx, b)
+}
+
+// prepareBundle prepares the sandbox of b, which it owns from then on.
+func (r *ProcessRuntime) prepareBundle(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
 	return prepare(ctx, &r.live, b, &procContainer{rt: r, b: b})
 }
 

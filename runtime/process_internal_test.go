@@ -2,11 +2,12 @@ package runtime
 
 import (
 	"errors"
-	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // What the probe finds becomes what each call gets and what the host

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // The process runtime's namespaces: whether each call gets them

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // The init's protocol (runtime/initproto) is the product's contract between a
@@ -46,12 +46,12 @@ func protocolSandbox(t *testing.T) (*ProcessRuntime, *sandbox) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rt.Close() })
-	b, err := bundle.New(rt.BundleDir(), bundle.Config{Rootfs: "/", Python: py.Path, Limits: policy.DefaultLimits(), InitDir: rt.InitDir(),
+	b, err := bundle.New(BundleDir(rt), bundle.Config{Rootfs: "/", Python: py.Path, Limits: policy.DefaultLimits(), InitDir: InitDir(rt),
 		CallCaps: policy.DefaultCallCaps()}, uuid.NewString())
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := rt.Prepare(context.Background(), b)
+	sb, err := rt.prepareBundle(context.Background(), b)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"os"
 	goruntime "runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // The one Sandbox of every runtime: the conversation with the init, the
@@ -425,14 +426,13 @@ func (t *teardownOnce) do(what string, teardown func() error) error {
 	return t.err
 }
 
-// subvertedInits are the bundles whose init plays one the code subverted
-// (initproto.Config.NoParentDeath): the watchdog's tests set it, nothing
-// else.
-var subvertedInits sync.Map
+// subvertInits makes the init of every call's sandbox play one the code
+// subverted (initproto.Config.NoParentDeath): the watchdog's tests set it
+// in a server of their own, nothing else.
+var subvertInits atomic.Bool
 
 // containerInit is the configuration of the init of a container: the
 // bundle's, as it is.
 func containerInit(b *bundle.Bundle) *initproto.Config {
-	_, subverted := subvertedInits.Load(b.ID)
-	return &initproto.Config{Init: b.Init, NoParentDeath: subverted}
+	return &initproto.Config{Init: b.Init, NoParentDeath: subvertInits.Load() && !b.Config.Template}
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/inhuman/mcp-exec/runtime/initproto"
 	"io"
 	"math"
 	"os"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // Grace periods of the supervision, all counted on the host's clock.

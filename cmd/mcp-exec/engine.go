@@ -17,7 +17,6 @@ import (
 	"time"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
-	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
@@ -74,19 +73,17 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		}
 	}()
 	s := &engine{rt: rt, log: log, sessions: runtime.SessionConfig{Background: cfg.PersistentBackground}}
-	s.pool = s.newPool(0, false)
-	defer func() {
-		if retErr != nil {
-			s.pool.Close()
-		}
-	}()
 	if p, ok := rt.(*runtime.ProcessRuntime); ok {
 		// Said once, with why auto chose it: the reason is long.
 		iso := p.Isolation()
 		s.note = expandFields(processNote(cfg.Runtime, why, iso))
 		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
 			"configured", cfg.Runtime, "runtime", rt.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
-		return s, s.startProcess(ctx, cfg)
+		if err := s.startProcess(ctx, cfg, p.Dir()); err != nil {
+			return nil, err
+		}
+		s.pool = s.newPool(0, false)
+		return s, nil
 	}
 	if cfg.Runtime == runtime.Auto {
 		log.Info("runtime chosen", "configured", cfg.Runtime, "runtime", rt.Kind(), "why", why)
@@ -104,6 +101,7 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 	if err := s.watchRootfs(cfg, root); err != nil {
 		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
 	}
+	s.pool = s.newPool(0, false)
 	return s, nil
 }
 
@@ -210,7 +208,7 @@ func (s *engine) compileImage(ctx context.Context, bc bundle.Config) error {
 	bc.MaxFiles, bc.MaxFileBytes = 50000, 512<<20
 	bc.Env = append(bc.Env, "PYTHONPYCACHEPREFIX="+policy.OutputsDir)
 	code := "import compileall\ncompileall.compile_path(skip_curdir=True, quiet=2)\n"
-	res, err := s.runWith(ctx, bc, runtime.Request{Code: []byte(code), Timeout: 10 * time.Minute, MaxOutputBytes: 64 << 10})
+	res, err := runtime.Run(ctx, s.rt, bc, runtime.Request{Code: []byte(code), Timeout: 10 * time.Minute, MaxOutputBytes: 64 << 10})
 	if err != nil {
 		return fmt.Errorf("byte-compiling the image in a sandbox: %w", err)
 	}
@@ -289,8 +287,8 @@ func missingNames(ms []host.Missing) string {
 }
 
 // startProcess readies the process runtime: the host's interpreter, its
-// packages, and the matplotlib backend beside them.
-func (s *engine) startProcess(ctx context.Context, cfg config) error {
+// packages, and the matplotlib backend beside them, in the runtime's dir.
+func (s *engine) startProcess(ctx context.Context, cfg config, dir string) error {
 	for _, v := range []struct{ name, value string }{{"MCP_EXEC_ROOTFS", cfg.Rootfs}, {"MCP_EXEC_ROOTFS_IMAGE", cfg.RootfsImage}, {"MCP_EXEC_PACKAGES_DIR", cfg.PackagesDir}} {
 		if v.value != "" {
 			s.log.Info("not used by the process runtime, which runs the host's interpreter", "setting", v.name, "value", v.value)
@@ -305,7 +303,7 @@ func (s *engine) startProcess(ctx context.Context, cfg config) error {
 	}
 	s.bundleCfg = s.bundleConfig(cfg, rootfs.Root{Dir: "/", Python: py.Path, Contents: s.contents})
 	if slices.Contains(s.contents.Modules, "matplotlib") {
-		lib := filepath.Join(s.rt.BundleDir(), "lib")
+		lib := filepath.Join(dir, "lib")
 		if err := os.Mkdir(lib, 0o755); err != nil {
 			return fmt.Errorf("the sandbox cannot start: %w", err)
 		}
@@ -327,7 +325,6 @@ func (s *engine) bundleConfig(cfg config, root rootfs.Root) bundle.Config {
 		Rootfs:   root.Dir,
 		Python:   root.Python,
 		Limits:   cfg.Limits,
-		InitDir:  s.rt.InitDir(),
 		CallCaps: cfg.CallCaps,
 		Env:      append(threadEnv(cfg.Limits.CPUs), root.Contents.Env...),
 	}
@@ -370,7 +367,7 @@ func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
 		probe += "import " + m + "\n"
 	}
 	probe += "print('%d.%d.%d' % sys.version_info[:3])\n"
-	res, err := s.runWith(ctx, bcfg, runtime.Request{Code: []byte(probe), Timeout: 120 * time.Second, MaxOutputBytes: 64 << 10})
+	res, err := runtime.Run(ctx, s.rt, bcfg, runtime.Request{Code: []byte(probe), Timeout: 120 * time.Second, MaxOutputBytes: 64 << 10})
 	if err != nil {
 		return "", err
 	}
@@ -407,23 +404,21 @@ func (s *engine) newPool(size int, adaptive bool) *runtime.Pool {
 	if lc, ok := s.rt.(*runtime.LibcontainerRuntime); ok && adaptive && lc.Forking().Enabled {
 		spare = 1
 	}
-	return runtime.NewPool(runtime.PoolConfig{Size: size, Adaptive: adaptive, Spare: spare, Logger: s.log,
-		Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
-			cfg := s.bundleCfg
-			cfg.Ahead = ahead
-			return s.prepare(ctx, cfg)
-		}})
+	return runtime.NewPool(runtime.PoolConfig{Runtime: recording{s.rt, s}, Config: s.bundleCfg,
+		Size: size, Adaptive: adaptive, Spare: spare, Logger: s.log})
 }
 
-// prepare makes one sandbox ready for a call.
-func (s *engine) prepare(ctx context.Context, bcfg bundle.Config) (runtime.Sandbox, error) {
-	b, err := bundle.New(s.rt.BundleDir(), bcfg, uuid.NewString())
-	if err != nil {
-		return nil, fmt.Errorf("%w: creating bundle: %w", runtime.ErrSandbox, err)
-	}
-	sb, err := s.rt.Prepare(ctx, b)
+// recording is the engine's runtime as its pool sees it: the outcome of
+// each preparation is kept, for the readiness (ready).
+type recording struct {
+	runtime.Runtime
+	e *engine
+}
+
+func (r recording) Prepare(ctx context.Context, cfg bundle.Config) (runtime.Sandbox, error) {
+	sb, err := r.Runtime.Prepare(ctx, cfg)
 	if ctx.Err() == nil {
-		s.prepared.Store(&prepareOutcome{at: time.Now(), err: err})
+		r.e.prepared.Store(&prepareOutcome{at: time.Now(), err: err})
 	}
 	return sb, err
 }
@@ -470,14 +465,6 @@ func (s engineSession) Run(ctx context.Context, req runtime.Request) (runtime.Re
 func (s *engine) Info() server.EngineInfo {
 	return server.EngineInfo{Runtime: string(s.rt.Kind()), PythonVersion: s.pythonVersion,
 		Modules: s.contents.Modules, Shell: s.contents.Shell, Note: s.note}
-}
-
-func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Request) (runtime.Result, error) {
-	b, err := bundle.New(s.rt.BundleDir(), bcfg, uuid.NewString())
-	if err != nil {
-		return runtime.Result{}, fmt.Errorf("%w: creating bundle: %w", runtime.ErrSandbox, err)
-	}
-	return runtime.Run(ctx, s.rt, b, req)
 }
 
 func (s *engine) close() error {
