@@ -22,7 +22,7 @@
 //	                         of stdout and stderr, how long it ran, and why
 //	                         the init killed it (the exit flags); every other
 //	                         process of the code has been killed
-//	init → host  F path data a file from outputs/; T: one was left out
+//	init → host  B path data a file from outputs/; T: one was left out
 //	init → host  N message   a note for the caller, added to the stderr
 //	init → host  D           done: the init exits
 //	init → host  Z           a session's call is over and all of it sent;
@@ -144,7 +144,7 @@ const (
 	IStdout  = 'O'
 	IStderr  = 'E'
 	IExit    = 'X'
-	IOutFile = 'F'
+	IOutFile = 'B'
 	ISkipped = 'T'
 	INote    = 'N'
 	IDone    = 'D'

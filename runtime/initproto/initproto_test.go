@@ -42,6 +42,19 @@ func TestInitProtocol(t *testing.T) {
 		}
 		seen[d.name] = true
 	}
+	// A frame's letter names it in both directions: a trace of the
+	// conversation reads without knowing who sent what.
+	letters := map[byte]string{}
+	for _, d := range protocol {
+		b, ok := d.value.(byte)
+		if !ok || !(strings.HasPrefix(d.name, "H_") || strings.HasPrefix(d.name, "I_")) {
+			continue
+		}
+		if other, dup := letters[b]; dup {
+			t.Errorf("%s and %s are both %q", other, d.name, b)
+		}
+		letters[b] = d.name
+	}
 	keys := map[uint16]bool{}
 	for _, f := range fields {
 		if seen[f.name] || keys[f.key] {

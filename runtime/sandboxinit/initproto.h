@@ -39,7 +39,7 @@
 #define I_STDOUT             'O'                    // stdout bytes, within the cap
 #define I_STDERR             'E'                    // stderr bytes, within the cap
 #define I_EXIT               'X'                    // EXIT_FRAME_LEN bytes: the main process ended, every other is killed
-#define I_OUTFILE            'F'                    // u16 path length, path, u64 size, data
+#define I_OUTFILE            'B'                    // u16 path length, path, u64 size, data
 #define I_SKIPPED            'T'                    // an output file was left out
 #define I_NOTE               'N'                    // a note for the caller, added to the stderr
 #define I_DONE               'D'                    // all is sent: the init exits
