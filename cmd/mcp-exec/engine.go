@@ -27,6 +27,7 @@ import (
 // engine wires rootfs, bundle and runtime together: it is the server's
 // Engine and what the run subcommand calls.
 type engine struct {
+	set           settings
 	rt            runtime.Runtime
 	bundleCfg     bundle.Config
 	pythonVersion string
@@ -38,8 +39,6 @@ type engine struct {
 	// on one prepared for the call.
 	pool *runtime.Pool
 	log  *slog.Logger
-	// sessions configures each persistent session's sandbox.
-	sessions runtime.SessionConfig
 	// watch sees any change to the served rootfs (and packages dir):
 	// calls are refused from then on (checkRootfs).
 	watch       *rootfs.Watcher
@@ -52,64 +51,107 @@ type engine struct {
 
 // newEngine creates the runtime (refusing when the host cannot give the
 // full sandbox) and opens the rootfs, proven in that runtime's sandboxes.
+// What it takes of the configuration it takes once, here (settingsOf).
 func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, retErr error) {
 	defer func() { retErr = named(retErr) }()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	e := &engine{set: settingsOf(cfg, log), log: log}
 	if err := egressUnavailable(cfg); err != nil {
 		return nil, err
 	}
-	rt, why, err := newRuntime(cfg, log)
+	if err := e.start(ctx); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// settings are what the engine takes of the configuration, in the forms
+// the packages below it take: the runtime's, the rootfs', and what every
+// sandbox's bundle shares but its rootfs.
+type settings struct {
+	kind     runtime.Kind // as configured: auto, or one
+	runtime  runtime.Config
+	source   rootfs.Source
+	limits   policy.Limits
+	caps     policy.CallCaps
+	sessions runtime.SessionConfig
+	// unused are the rootfs settings set, which the process runtime does
+	// not use: it runs the host's interpreter.
+	unused [][2]string
+}
+
+func settingsOf(cfg config, log *slog.Logger) settings {
+	rt := runtime.Config{
+		StateDir:      cfg.StateDir,
+		Logger:        log,
+		RunscPath:     cfg.RunscPath,
+		RunscPlatform: cfg.RunscPlatform,
+		Fork:          runtime.ForkConfig{Enabled: cfg.Fork, MaxCalls: cfg.ForkMaxCalls, MaxAge: cfg.ForkMaxAge},
+
+		ProcessNamespaces: cfg.ProcessNamespaces,
+	}
+	if cfg.Shell {
+		// The process runtime runs the host's own tools where a container
+		// has busybox's.
+		rt.Executables = []string{"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"}
+	}
+	var unused [][2]string
+	for _, v := range [][2]string{{"MCP_EXEC_ROOTFS", cfg.Rootfs}, {"MCP_EXEC_ROOTFS_IMAGE", cfg.RootfsImage}, {"MCP_EXEC_PACKAGES_DIR", cfg.PackagesDir}} {
+		if v[1] != "" {
+			unused = append(unused, v)
+		}
+	}
+	return settings{kind: cfg.Runtime, runtime: rt, limits: cfg.Limits, caps: cfg.CallCaps, unused: unused,
+		source: rootfs.Source{Dir: cfg.Rootfs, Image: cfg.RootfsImage, Python: cfg.Python,
+			Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir, CacheDir: cfg.CacheDir},
+		sessions: runtime.SessionConfig{Background: cfg.PersistentBackground}}
+}
+
+// start creates the runtime and readies its sandboxes: the process
+// runtime's on the host's interpreter, a container's on the rootfs it
+// opens.
+func (e *engine) start(ctx context.Context) (retErr error) {
+	rt, why, err := newRuntime(e.set.kind, e.set.runtime)
 	if err != nil {
-		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
+		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
 	defer func() {
 		if retErr != nil {
 			rt.Close()
 		}
 	}()
-	e := &engine{rt: rt, log: log, sessions: runtime.SessionConfig{Background: cfg.PersistentBackground}}
+	e.rt = rt
 	if p, ok := rt.(*runtime.ProcessRuntime); ok {
-		// Said once, with why auto chose it: the reason is long.
-		iso := p.Isolation()
-		e.note = expandFields(processNote(cfg.Runtime, why, iso))
-		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
-			"configured", cfg.Runtime, "runtime", rt.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
-		if err := e.startProcess(ctx, cfg, p.Dir()); err != nil {
-			return nil, err
-		}
-		e.pool = e.newPool(0, false)
-		return e, nil
+		return e.startProcess(ctx, p, why)
 	}
-	if cfg.Runtime == runtime.Auto {
-		log.Info("runtime chosen", "configured", cfg.Runtime, "runtime", rt.Kind(), "why", why)
+	if e.set.kind == runtime.Auto {
+		e.log.Info("runtime chosen", "configured", e.set.kind, "runtime", rt.Kind(), "why", why)
 	}
 	start := time.Now()
-	root, err := rootfs.Open(ctx, rootfsSource(cfg), func(ctx context.Context, t rootfs.Trial) (string, error) {
-		return e.prove(ctx, cfg, t)
-	})
+	root, err := rootfs.Open(ctx, e.set.source, e.prove)
 	if err != nil {
-		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
+		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
-	log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
+	e.log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
 	e.contents, e.pythonVersion = root.Contents, root.PythonVersion
-	e.bundleCfg = e.bundleConfig(cfg, root)
-	if err := e.watchRootfs(cfg, root); err != nil {
-		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
+	e.bundleCfg = e.bundleConfig(root)
+	if err := e.watchRootfs(root); err != nil {
+		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
 	e.pool = e.newPool(0, false)
-	return e, nil
+	return nil
 }
 
 // watchRootfs watches the rootfs every sandbox binds, and the packages
 // dir, for changes made on the host while the server serves them.
-func (e *engine) watchRootfs(cfg config, root rootfs.Root) error {
+func (e *engine) watchRootfs(root rootfs.Root) error {
 	e.mounts = map[string]string{root.Dir: "/"}
 	dirs := []string{root.Dir}
-	if cfg.PackagesDir != "" && root.PackagesMount != "" {
-		e.mounts[cfg.PackagesDir] = root.PackagesMount
-		dirs = append(dirs, cfg.PackagesDir)
+	if pd := e.set.source.PackagesDir; pd != "" && root.PackagesMount != "" {
+		e.mounts[pd] = root.PackagesMount
+		dirs = append(dirs, pd)
 	}
 	w, err := rootfs.Watch(dirs...)
 	if err != nil {
@@ -152,39 +194,19 @@ func (e *engine) rootfsChanged() *rootfs.ChangedError {
 	return ce
 }
 
-// newRuntime creates the runtime cfg names, and says why when auto chose it.
-func newRuntime(cfg config, log *slog.Logger) (runtime.Runtime, string, error) {
-	rtCfg := runtime.Config{
-		StateDir:      cfg.StateDir,
-		Logger:        log,
-		RunscPath:     cfg.RunscPath,
-		RunscPlatform: cfg.RunscPlatform,
-		Fork:          runtime.ForkConfig{Enabled: cfg.Fork, MaxCalls: cfg.ForkMaxCalls, MaxAge: cfg.ForkMaxAge},
-
-		ProcessNamespaces: cfg.ProcessNamespaces,
+// newRuntime creates the runtime of kind, and says why when auto chose it.
+func newRuntime(kind runtime.Kind, cfg runtime.Config) (runtime.Runtime, string, error) {
+	if kind == runtime.Auto {
+		return runtime.NewAuto(cfg)
 	}
-	if cfg.Shell {
-		// The process runtime runs the host's own tools where a container
-		// has busybox's.
-		rtCfg.Executables = []string{"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"}
-	}
-	if cfg.Runtime == runtime.Auto {
-		return runtime.NewAuto(rtCfg)
-	}
-	rt, err := runtime.New(cfg.Runtime, rtCfg)
+	rt, err := runtime.New(kind, cfg)
 	return rt, "", err
-}
-
-// rootfsSource is which rootfs cfg asks for.
-func rootfsSource(cfg config) rootfs.Source {
-	return rootfs.Source{Dir: cfg.Rootfs, Image: cfg.RootfsImage, Python: cfg.Python,
-		Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir, CacheDir: cfg.CacheDir}
 }
 
 // prove runs what rootfs.Open asks in a sandbox of this engine: the start-up
 // probe, or the byte-compiling of an image.
-func (e *engine) prove(ctx context.Context, cfg config, t rootfs.Trial) (string, error) {
-	bc := e.bundleConfig(cfg, t.Root)
+func (e *engine) prove(ctx context.Context, t rootfs.Trial) (string, error) {
+	bc := e.bundleConfig(t.Root)
 	if t.Compile {
 		return "", e.compileImage(ctx, bc)
 	}
@@ -250,22 +272,25 @@ func missingNames(ms []host.Missing) string {
 
 // startProcess readies the process runtime: the host's interpreter, its
 // packages, and the matplotlib backend beside them, in the runtime's dir.
-func (e *engine) startProcess(ctx context.Context, cfg config, dir string) error {
-	for _, v := range []struct{ name, value string }{{"MCP_EXEC_ROOTFS", cfg.Rootfs}, {"MCP_EXEC_ROOTFS_IMAGE", cfg.RootfsImage}, {"MCP_EXEC_PACKAGES_DIR", cfg.PackagesDir}} {
-		if v.value != "" {
-			e.log.Info("not used by the process runtime, which runs the host's interpreter", "setting", v.name, "value", v.value)
-		}
+func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, why string) error {
+	// Said once, with why auto chose it: the reason is long.
+	iso := p.Isolation()
+	e.note = expandFields(processNote(e.set.kind, why, iso))
+	e.log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
+		"configured", e.set.kind, "runtime", p.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
+	for _, v := range e.set.unused {
+		e.log.Info("not used by the process runtime, which runs the host's interpreter", "setting", v[0], "value", v[1])
 	}
-	py, err := rootfs.FindPython(ctx, cfg.Python)
+	py, err := rootfs.FindPython(ctx, e.set.source.Python)
 	if err != nil {
 		return fmt.Errorf("the sandbox cannot start: finding python ({Python}): %w", err)
 	}
-	if e.contents, err = rootfs.Describe(py, cfg.rootfsOptions()); err != nil {
+	if e.contents, err = rootfs.Describe(py, e.set.source.Options); err != nil {
 		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
-	e.bundleCfg = e.bundleConfig(cfg, rootfs.Root{Dir: "/", Python: py.Path, Contents: e.contents})
+	e.bundleCfg = e.bundleConfig(rootfs.Root{Dir: "/", Python: py.Path, Contents: e.contents})
 	if slices.Contains(e.contents.Modules, "matplotlib") {
-		lib := filepath.Join(dir, "lib")
+		lib := filepath.Join(p.Dir(), "lib")
 		if err := os.Mkdir(lib, 0o755); err != nil {
 			return fmt.Errorf("the sandbox cannot start: %w", err)
 		}
@@ -278,20 +303,21 @@ func (e *engine) startProcess(ctx context.Context, cfg config, dir string) error
 	if err != nil {
 		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
+	e.pool = e.newPool(0, false)
 	return nil
 }
 
 // bundleConfig is what every sandbox of this engine on root shares.
-func (e *engine) bundleConfig(cfg config, root rootfs.Root) bundle.Config {
+func (e *engine) bundleConfig(root rootfs.Root) bundle.Config {
 	bc := bundle.Config{
 		Rootfs:   root.Dir,
 		Python:   root.Python,
-		Limits:   cfg.Limits,
-		CallCaps: cfg.CallCaps,
-		Env:      append(threadEnv(cfg.Limits.CPUs), root.Contents.Env...),
+		Limits:   e.set.limits,
+		CallCaps: e.set.caps,
+		Env:      append(threadEnv(e.set.limits.CPUs), root.Contents.Env...),
 	}
-	if cfg.PackagesDir != "" && root.PackagesMount != "" {
-		bc.PackagesDir, bc.PackagesMount = cfg.PackagesDir, root.PackagesMount
+	if pd := e.set.source.PackagesDir; pd != "" && root.PackagesMount != "" {
+		bc.PackagesDir, bc.PackagesMount = pd, root.PackagesMount
 	}
 	return bc
 }
@@ -401,7 +427,7 @@ func (e *engine) NewSession(ctx context.Context) (server.Session, error) {
 	if err := e.checkRootfs(); err != nil {
 		return nil, err
 	}
-	sess, err := e.pool.NewSession(ctx, e.sessions)
+	sess, err := e.pool.NewSession(ctx, e.set.sessions)
 	if err != nil {
 		return nil, named(err)
 	}
