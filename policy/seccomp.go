@@ -44,6 +44,8 @@ func DeniedSyscalls() []Denied {
 			"opens files by handle, bypassing the mount namespace (the shocker escape)"},
 		{[]string{"io_uring_setup", "io_uring_enter", "io_uring_register"},
 			"a second syscall interface that seccomp cannot see into"},
+		{[]string{"io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents"},
+			"Linux AIO contexts come from one host-wide budget (fs.aio-max-nr): one call could take it all for the host; Python does not use them"},
 		{[]string{"settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "stime"},
 			"the clock is shared with the host"},
 		{[]string{"iopl", "ioperm", "modify_ldt", "personality"},

@@ -137,6 +137,7 @@ var deniedProbes = []struct {
 	{"userfaultfd", 323, []int{0}},
 	{"open_by_handle_at", 304, []int{-1, 0, 0}},
 	{"io_uring_setup", 425, []int{1, 0}},
+	{"io_setup", 206, []int{1, 0}}, // EFAULT unfiltered
 	{"acct", 163, []int{0}},
 	{"quotactl", 179, []int{0, 0, 0, 0}},
 	{"fsopen", 430, []int{0, 0}},

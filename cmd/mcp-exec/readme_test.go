@@ -80,11 +80,11 @@ func readmeDefault(c config, env, printed string) string {
 		"MCP_EXEC_MAX_QUEUED":      func() (string, bool) { return "4 × concurrency", c.MaxQueued == 4*c.MaxConcurrency },
 		"MCP_EXEC_ROOTFS":          func() (string, bool) { return "cache", c.Rootfs == "" },
 		"MCP_EXEC_PYTHON":          func() (string, bool) { return "/usr/bin/python3", c.Python == "" },
-		"MCP_EXEC_RUNSC":           func() (string, bool) { return "/usr/local/bin/runsc, else PATH", c.RunscPath == "" },
+		"MCP_EXEC_RUNSC":           func() (string, bool) { return "/usr/local/bin/runsc or PATH", c.RunscPath == "" },
 		"MCP_EXEC_RUNSC_PLATFORM":  func() (string, bool) { return "probed", c.RunscPlatform == "" },
 		"MCP_EXEC_PIP_INDEX_URL":   func() (string, bool) { return "PyPI", c.Egress.PipIndexURL == "" },
 		"MCP_EXEC_CACHE_DIR": func() (string, bool) {
-			return "/var/cache/mcp-exec/rootfs (root), else ~/.cache/mcp-exec/rootfs", c.CacheDir == ""
+			return "/var/cache/mcp-exec/rootfs or ~/.cache/mcp-exec/rootfs", c.CacheDir == ""
 		},
 		// 0 is the server's default, half of the maximum (server.Options).
 		"MCP_EXEC_PERSISTENT_PER_CLIENT": func() (string, bool) { return "PERSISTENT_MAX / 2", c.PersistentPerClient == 0 },
@@ -128,5 +128,17 @@ func TestREADMESettings(t *testing.T) {
 		if !seen[env] {
 			t.Errorf("%s is a setting the README's configuration table does not have", env)
 		}
+	}
+}
+
+// The README is the front page: set-up, the tool, the settings, clients,
+// figures and where the rest is. Past 160 lines it goes to docs/.
+func TestREADMEIsShort(t *testing.T) {
+	src, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(src), "\n"); n > 160 {
+		t.Errorf("README.md has %d lines; keep it at 160 at most and move the rest into docs/", n)
 	}
 }
