@@ -10,7 +10,7 @@ TAGS      := seccomp netgo osusergo
 export CGO_ENABLED := 1
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # Static: the binary is also the sandbox's init, which runs inside the
-# sandbox's root filesystem (see runtime/sandboxinit.go).
+# sandbox's root filesystem (see runtime/sandboxinit).
 STATIC    := -extldflags=-static
 LDFLAGS   := -s -w -X main.version=$(VERSION) $(STATIC)
 BIN       := bin/mcp-exec
@@ -19,7 +19,7 @@ BIN       := bin/mcp-exec
 
 build: $(BIN)
 
-$(BIN): $(shell find . \( -name '*.go' -o -name '*.c' -o -name '*.h' \) -not -path './node_modules/*') go.mod go.sum
+$(BIN): $(shell find . \( -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.py' \) -not -path './node_modules/*') go.mod go.sum
 	$(GO) build -tags '$(TAGS)' -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/mcp-exec
 
 # runsc: the pinned current gVisor as /usr/local/bin/runsc, where the runsc

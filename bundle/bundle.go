@@ -49,7 +49,7 @@ const (
 	InitName = "init"
 	InitPath = InitDir + "/" + InitName
 	// InitMarker is the argument that makes the server's executable the
-	// sandbox's init (see runtime's sandboxinit.c, which must match).
+	// sandbox's init (runtime/initproto renders it for the C init).
 	InitMarker = "__mcp_exec_init__"
 )
 

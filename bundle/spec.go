@@ -44,8 +44,9 @@ func Spec(cfg Config) *specs.Spec {
 }
 
 // Init is what the sandbox's init is told, before anything else, over its
-// standard input: the runtime encodes it (runtime's initproto.go) and
-// sandboxinit.c decodes it into its struct config, field for field. None
+// standard input: the runtime encodes it (runtime/initproto) and the init
+// (runtime/sandboxinit) decodes it into its struct config, field for
+// field. None
 // of it is on the init's command line, which is only InitPath InitMarker.
 type Init struct {
 	// UID and GID are the code's identity.

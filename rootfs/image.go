@@ -40,12 +40,15 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"iter"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	securejoin "github.com/cyphar/filepath-securejoin"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/rootfs/image"
 )
@@ -341,4 +344,49 @@ func flattenInto(ctx context.Context, img v1.Image, root string, opts ImageOptio
 		return "", err
 	}
 	return py, nil
+}
+
+// PlaceBytecode puts each file compiled under a PYTHONPYCACHEPREFIX (its
+// path relative to the prefix, and its bytes) where the interpreter looks
+// without one, in the rootfs at root: <prefix>/a/b/m.cpython-312.pyc is
+// a/b/__pycache__/m.cpython-312.pyc, next to a/b/m.py. It returns how
+// many it placed; a file beside no source file of root is passed over.
+// (The compiler ran in a sandbox: what it returned is written as data,
+// never through a link of the rootfs.)
+func PlaceBytecode(root string, files iter.Seq2[string, []byte]) (int, error) {
+	n := 0
+	for path, data := range files {
+		d, name := filepath.Split(path)
+		if !strings.HasSuffix(name, ".pyc") || strings.Count(name, ".") < 2 {
+			continue
+		}
+		src := filepath.Join("/", d, name[:strings.IndexByte(name, '.')]+".py")
+		srcPath, err := securejoin.SecureJoin(root, src)
+		if err != nil {
+			return n, err
+		}
+		if fi, err := os.Lstat(srcPath); err != nil || !fi.Mode().IsRegular() {
+			continue // not beside a source file of the image
+		}
+		cache := filepath.Join(filepath.Dir(srcPath), "__pycache__")
+		if err := os.Mkdir(cache, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return n, fmt.Errorf("placing bytecode: %w", err)
+		}
+		if fi, err := os.Lstat(cache); err != nil || !fi.IsDir() {
+			continue
+		}
+		out, err := os.OpenFile(filepath.Join(cache, name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o644)
+		if err != nil {
+			return n, fmt.Errorf("placing bytecode: %w", err)
+		}
+		_, werr := out.Write(data)
+		if cerr := out.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return n, fmt.Errorf("placing bytecode: %w", werr)
+		}
+		n++
+	}
+	return n, nil
 }

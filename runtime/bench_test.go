@@ -45,11 +45,11 @@ func BenchmarkPrint1(b *testing.B) {
 			var peak, baseRSS []int64
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				bd, err := bundle.New(rt.BundleDir(), cfg, uuid.NewString())
+				bd, err := bundle.New(runtime.BundleDir(rt), cfg, uuid.NewString())
 				if err != nil {
 					b.Fatal(err)
 				}
-				sb, err := rt.Prepare(context.Background(), bd)
+				sb, err := runtime.PrepareBundle(context.Background(), rt, bd)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -116,11 +116,11 @@ func BenchmarkProcessPrint1(b *testing.B) {
 			var total, base []time.Duration
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				bd, err := bundle.New(rt.BundleDir(), cfg, uuid.NewString())
+				bd, err := bundle.New(runtime.BundleDir(rt), cfg, uuid.NewString())
 				if err != nil {
 					b.Fatal(err)
 				}
-				sb, err := rt.Prepare(context.Background(), bd)
+				sb, err := runtime.PrepareBundle(context.Background(), rt, bd)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -191,11 +191,11 @@ func BenchmarkAgainstRuncCLI(b *testing.B) {
 	var ours, theirs, base []time.Duration
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		bd, err := bundle.New(rt.BundleDir(), cfg, uuid.NewString())
+		bd, err := bundle.New(runtime.BundleDir(rt), cfg, uuid.NewString())
 		if err != nil {
 			b.Fatal(err)
 		}
-		sb, err := rt.Prepare(context.Background(), bd)
+		sb, err := runtime.PrepareBundle(context.Background(), rt, bd)
 		if err != nil {
 			b.Fatal(err)
 		}

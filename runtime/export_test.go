@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -9,9 +10,71 @@ import (
 	"github.com/inhuman/mcp-exec/bundle"
 )
 
-// SubvertInit makes b's init play one the code subverted: no parent-death
-// signal, no exit when the host goes.
-func SubvertInit(b *bundle.Bundle) { subvertedInits.Store(b.ID, true) }
+// SubvertInits makes the init of every call's sandbox prepared from now
+// on play one the code subverted: no parent-death signal, no exit when the
+// host goes. Only a test's server of its own calls it.
+func SubvertInits() { subvertInits.Store(true) }
+
+// BundleOf is the bundle a sandbox was made of, for leak checks.
+func BundleOf(sb Sandbox) *bundle.Bundle { return sb.(*sandbox).b }
+
+// SessionBundle is the bundle of a session's sandbox.
+func SessionBundle(s *Session) *bundle.Bundle { return s.sb.b }
+
+// bundlePreparer is a runtime's Prepare after its bundle is made.
+type bundlePreparer interface {
+	prepareBundle(ctx context.Context, b *bundle.Bundle) (Sandbox, error)
+}
+
+// PrepareBundle prepares the sandbox of a bundle the test made itself
+// (bundle.New in BundleDir(rt), its init in InitDir(rt)), which it knows
+// even when the preparation fails.
+func PrepareBundle(ctx context.Context, rt Runtime, b *bundle.Bundle) (Sandbox, error) {
+	return rt.(bundlePreparer).prepareBundle(ctx, b)
+}
+
+// RunBundle is Run on a bundle the test made itself.
+func RunBundle(ctx context.Context, rt Runtime, b *bundle.Bundle, req Request) (Result, error) {
+	if err := req.Validate(); err != nil {
+		b.Remove()
+		return Result{}, err
+	}
+	sb, err := PrepareBundle(ctx, rt, b)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := runValid(ctx, sb, req)
+	if cerr := sb.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return res, err
+}
+
+// BundleDir is where a runtime makes its bundles.
+func BundleDir(rt Runtime) string {
+	switch r := rt.(type) {
+	case *LibcontainerRuntime:
+		return r.inst.bundleDir()
+	case *RunscRuntime:
+		return r.inst.bundleDir()
+	case *ProcessRuntime:
+		return r.dir
+	}
+	panic("no bundle dir")
+}
+
+// InitDir is where a runtime's sandboxes find their init.
+func InitDir(rt Runtime) string {
+	switch r := rt.(type) {
+	case *LibcontainerRuntime:
+		return r.inst.initDir()
+	case *RunscRuntime:
+		return r.inst.initDir()
+	case *ProcessRuntime:
+		return processInitDir
+	}
+	panic("no init dir")
+}
 
 // InstanceID exposes the instance id of a runtime for leak checks.
 func InstanceID(rt Runtime) string {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // Forked sandboxes. Starting a container costs a call several times what
@@ -41,7 +44,7 @@ import (
 // seccomp filter before the init lets it read any code (the init checks
 // it from outside, and moves it into the call's cgroups). From there a
 // call runs and is torn down exactly as any sandbox's (sandbox.go,
-// supervise.go). init_template.c and driver.py's zygote say how.
+// supervise.go). runtime/sandboxinit (init_template.c, zygote.py) says how.
 //
 // One difference a process can see: the code's parent is the zygote,
 // outside the call's pid namespace, so its getppid() is 0 (as for a
@@ -131,31 +134,63 @@ const TemplatePrefix = "template-"
 // container can take the call instead.
 var errFork = errors.New("the template could not fork the sandbox")
 
-// template is one template sandbox and what it has served.
+// template is one template and what it has served.
 type template struct {
-	key  string
-	sb   *sandbox
-	fork *forkedSetup
+	key templateKey
+	box templateBox
+	// born: when it was made, for ForkConfig.MaxAge.
 	born time.Time
 	// Guarded by templates.mu.
 	calls    int
 	lastUsed time.Time
 }
 
+// templateBox is what the registry's bookkeeping needs of a template's
+// sandbox: whether it can still fork, and its end. A zygote is one; the
+// registry's tests use tokens.
+type templateBox interface {
+	// alive: its interpreter waits for forks.
+	alive() bool
+	Close() error
+}
+
+// zygote is a libcontainer template: its sandbox, whose init forks the
+// calls' sandboxes, and what every fork of it is given.
+type zygote struct {
+	sb   *sandbox
+	fork *forkedSetup
+}
+
+func (z *zygote) alive() bool {
+	select {
+	case <-z.sb.done:
+		return false
+	default:
+	}
+	return z.sb.status() == ready
+}
+
+func (z *zygote) Close() error { return z.sb.Close() }
+
 // forkedSetup is what every fork of a template is given: its init's
 // configuration of the fresh namespaces, the code's seccomp filter, and
 // the cgroup configuration its calls' cgroups are made from.
 type forkedSetup struct {
-	config *forkedConfig
+	config *initproto.Fresh
 	bpf    []byte
 	cgroup *cgroups.Cgroup
 }
 
 // templates are a runtime's templates, by the configuration of the
-// sandboxes they fork.
+// sandboxes they fork: which are busy, which wait, which are past their
+// bounds or dead and replaced, and whether forking goes on at all.
 type templates struct {
-	rt  *LibcontainerRuntime
 	cfg ForkConfig
+	log *slog.Logger
+	// start makes a template of the configuration of a call's bundle, as
+	// a Pool's runtime prepares its sandboxes: a zygote
+	// (LibcontainerRuntime.startTemplate), or a token in tests.
+	start func(ctx context.Context, call *bundle.Bundle) (templateBox, error)
 
 	mu       sync.Mutex
 	idle     []*template
@@ -169,34 +204,68 @@ type templates struct {
 	done     sync.WaitGroup
 }
 
-func newTemplates(rt *LibcontainerRuntime, cfg ForkConfig) *templates {
+func newTemplates(cfg ForkConfig, log *slog.Logger, start func(context.Context, *bundle.Bundle) (templateBox, error)) *templates {
 	cfg.setDefaults()
-	ts := &templates{rt: rt, cfg: cfg, busy: map[*template]bool{}, stop: make(chan struct{})}
+	ts := &templates{cfg: cfg, log: log, start: start, busy: map[*template]bool{}, stop: make(chan struct{})}
 	ts.done.Add(1)
 	go ts.sweep()
 	return ts
 }
 
-// templateKey names the sandboxes a template can fork: those of one
-// bundle configuration, whatever their CPU weight.
-func templateKey(cfg bundle.Config) string {
-	cfg.Ahead, cfg.Template = false, false
-	b, _ := json.Marshal(cfg)
-	return string(b)
+// templateKey is what makes a template: the sandboxes of one key can be
+// forks of one template, whose rootfs, interpreter, packages,
+// environment, limits and caps they get. Not of it: a call's CPU weight
+// (bundle.Config.Ahead), which its own cgroup has, and the mark of a
+// template's own bundle (Template).
+type templateKey struct {
+	rootfs, python, initDir    string
+	packagesDir, packagesMount string
+	env                        string // NUL-separated
+	limits                     policy.Limits
+	caps                       policy.CallCaps
+}
+
+func keyOf(cfg bundle.Config) templateKey {
+	return templateKey{rootfs: cfg.Rootfs, python: cfg.Python, initDir: cfg.InitDir,
+		packagesDir: cfg.PackagesDir, packagesMount: cfg.PackagesMount, env: strings.Join(cfg.Env, "\x00"),
+		limits: cfg.Limits, caps: cfg.CallCaps}
 }
 
 // acquire returns a template for b's sandboxes that nothing else uses,
 // starting one when none waits.
 func (ts *templates) acquire(ctx context.Context, b *bundle.Bundle) (*template, error) {
-	key := templateKey(b.Config)
-	var stale []*template
-	ts.mu.Lock()
-	if ts.closed || ts.disabled != "" {
-		why := ts.disabled
-		ts.mu.Unlock()
-		return nil, fmt.Errorf("%w: %w: forking is off (%s)", ErrSandbox, errFork, why)
+	key := keyOf(b.Config)
+	t, stale, err := ts.take(key)
+	for _, s := range stale {
+		ts.retire(s)
 	}
-	var t *template
+	if t != nil || err != nil {
+		return t, err
+	}
+	box, err := ts.start(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	t = &template{key: key, box: box, born: now, lastUsed: now}
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.closed {
+		go box.Close()
+		return nil, fmt.Errorf("%w: runtime is closed", ErrSandbox)
+	}
+	ts.busy[t] = true
+	return t, nil
+}
+
+// take takes the newest idle template of key that is still usable, and
+// hands back those it found stale, to retire.
+func (ts *templates) take(key templateKey) (t *template, stale []*template, err error) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.closed || ts.disabled != "" {
+		return nil, nil, fmt.Errorf("%w: %w: forking is off (%s)", ErrSandbox, errFork, ts.disabled)
+	}
 	for i := len(ts.idle) - 1; i >= 0; i-- {
 		c := ts.idle[i]
 		if c.key != key {
@@ -207,31 +276,10 @@ func (ts *templates) acquire(ctx context.Context, b *bundle.Bundle) (*template, 
 			stale = append(stale, c)
 			continue
 		}
-		t = c
-		break
+		ts.busy[c] = true
+		return c, stale, nil
 	}
-	if t != nil {
-		ts.busy[t] = true
-	}
-	ts.mu.Unlock()
-	for _, s := range stale {
-		ts.retire(s)
-	}
-	if t != nil {
-		return t, nil
-	}
-	t, err := ts.start(ctx, b)
-	if err != nil {
-		return nil, err
-	}
-	ts.mu.Lock()
-	defer ts.mu.Unlock()
-	if ts.closed {
-		go t.sb.Close()
-		return nil, fmt.Errorf("%w: runtime is closed", ErrSandbox)
-	}
-	ts.busy[t] = true
-	return t, nil
+	return nil, stale, nil
 }
 
 // on says whether sandboxes are still forked: not after
@@ -244,66 +292,52 @@ func (ts *templates) on() bool {
 
 // usable: alive, and within its bounds. ts.mu is held.
 func (ts *templates) usable(t *template) bool {
-	select {
-	case <-t.sb.done:
-		return false
-	default:
-	}
-	return t.sb.status() == ready && t.calls < ts.cfg.MaxCalls && time.Since(t.born) < ts.cfg.MaxAge
+	return t.box.alive() && t.calls < ts.cfg.MaxCalls && time.Since(t.born) < ts.cfg.MaxAge
 }
 
-// start makes a template for b's configuration: a sandbox of its own,
-// ready once its zygote is.
-func (ts *templates) start(ctx context.Context, b *bundle.Bundle) (*template, error) {
-	cfg := b.Config
+// startTemplate makes a template for the sandboxes of call's
+// configuration: a sandbox of its own, ready once its zygote is.
+func (r *LibcontainerRuntime) startTemplate(ctx context.Context, call *bundle.Bundle) (templateBox, error) {
+	cfg := call.Config
 	cfg.Ahead, cfg.Template = false, true
-	tb, err := bundle.New(ts.rt.inst.templateDir(), cfg, TemplatePrefix+uuid.NewString())
+	tb, err := newBundle(r.inst.templateDir(), r.inst.initDir(), cfg, TemplatePrefix+uuid.NewString())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w: creating the template's bundle: %w", ErrSandbox, errFork, err)
+		return nil, fmt.Errorf("%w: the template's: %w", errFork, err)
 	}
-	setup, err := ts.setup(b)
+	setup, err := r.forkSetup(call)
 	if err != nil {
 		tb.Remove()
 		return nil, fmt.Errorf("%w: %w: %w", ErrSandbox, errFork, err)
 	}
 	tb.Spec.Linux.Seccomp = editedSeccomp(tb.Spec.Linux.Seccomp)
-	sb, err := prepare(ctx, &ts.rt.live, tb, &lcContainer{rt: ts.rt, b: tb, template: true})
+	sb, err := prepare(ctx, &r.live, tb, &lcContainer{rt: r, b: tb, template: true})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		ts.failed(err)
+		r.templates.failed(err)
 		return nil, fmt.Errorf("%w: starting a template: %w", errFork, err)
 	}
-	now := time.Now()
-	return &template{key: templateKey(b.Config), sb: sb.(*sandbox), fork: setup, born: now, lastUsed: now}, nil
+	return &zygote{sb: sb.(*sandbox), fork: setup}, nil
 }
 
-// setup derives what the forks of b's template are given from b's spec:
-// the fresh mounts, masks and hostname a container of it would have, the
-// seccomp filter, the init's capabilities once set up, the cgroups.
-func (ts *templates) setup(b *bundle.Bundle) (*forkedSetup, error) {
+// forkSetup derives what the forks of b's template are given from b's
+// spec: the fresh mounts, masks and hostname a container of it would
+// have, the seccomp filter, the init's capabilities once set up, the
+// cgroups.
+func (r *LibcontainerRuntime) forkSetup(b *bundle.Bundle) (*forkedSetup, error) {
 	spec := *b.Spec
 	linux := *spec.Linux
 	spec.Linux = &linux
-	linux.CgroupsPath = ts.rt.inst.cgroupPath("template")
+	linux.CgroupsPath = r.inst.cgroupPath("template")
 	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{CgroupName: b.ID, Spec: &spec})
 	if err != nil {
 		return nil, fmt.Errorf("converting spec: %w", err)
 	}
-	fc := &forkedConfig{Masked: slices.Clone(linux.MaskedPaths), Readonly: slices.Clone(linux.ReadonlyPaths), Hostname: spec.Hostname}
-	// Fresh: proc, and each tmpfs that holds no other mount (not /dev,
-	// whose device nodes are the template's binds, read-only to the code).
-	holds := func(dir string) bool {
-		return slices.ContainsFunc(config.Mounts, func(o *configs.Mount) bool { return strings.HasPrefix(o.Destination, dir+"/") })
-	}
-	for _, m := range config.Mounts {
-		if m.Device == "proc" || (m.Device == "tmpfs" && !holds(m.Destination)) {
-			fc.Mounts = append(fc.Mounts, forkedMount{Target: m.Destination, Type: m.Device, Source: m.Source, Data: m.Data, Flags: uint64(m.Flags)})
-		}
-	}
-	if !slices.ContainsFunc(fc.Mounts, func(m forkedMount) bool { return m.Type == "proc" }) ||
-		!slices.ContainsFunc(fc.Mounts, func(m forkedMount) bool { return m.Target == b.Init.WorkDir }) {
+	fc := &initproto.Fresh{Masked: slices.Clone(linux.MaskedPaths), Readonly: slices.Clone(linux.ReadonlyPaths), Hostname: spec.Hostname}
+	fc.Mounts = freshMounts(config.Mounts)
+	if !slices.ContainsFunc(fc.Mounts, func(m initproto.Mount) bool { return m.Type == "proc" }) ||
+		!slices.ContainsFunc(fc.Mounts, func(m initproto.Mount) bool { return m.Target == b.Init.WorkDir }) {
 		return nil, fmt.Errorf("the spec has no /proc or no tmpfs at the work dir %s, which a forked sandbox needs", b.Init.WorkDir)
 	}
 	if !cgroups.IsCgroup2UnifiedMode() {
@@ -321,11 +355,27 @@ func (ts *templates) setup(b *bundle.Bundle) (*forkedSetup, error) {
 	if linux.Seccomp == nil {
 		return nil, errors.New("the spec has no seccomp filter")
 	}
-	bpf, err := ts.rt.seccompFilter(editedSeccomp(linux.Seccomp))
+	bpf, err := r.seccompFilter(editedSeccomp(linux.Seccomp))
 	if err != nil {
 		return nil, err
 	}
 	return &forkedSetup{config: fc, bpf: bpf, cgroup: config.Cgroups}, nil
+}
+
+// freshMounts are the mounts a fork makes anew: proc, and each tmpfs that
+// holds no other mount (not /dev, whose device nodes are the template's
+// binds, read-only to the code).
+func freshMounts(mounts []*configs.Mount) []initproto.Mount {
+	holds := func(dir string) bool {
+		return slices.ContainsFunc(mounts, func(o *configs.Mount) bool { return strings.HasPrefix(o.Destination, dir+"/") })
+	}
+	var fresh []initproto.Mount
+	for _, m := range mounts {
+		if m.Device == "proc" || (m.Device == "tmpfs" && !holds(m.Destination)) {
+			fresh = append(fresh, initproto.Mount{Target: m.Destination, Type: m.Device, Source: m.Source, Data: m.Data, Flags: uint64(m.Flags)})
+		}
+	}
+	return fresh
 }
 
 // capabilityByName is the number of a capability the spec names.
@@ -368,7 +418,7 @@ func (ts *templates) failed(err error) {
 	ts.lastErr = err.Error()
 	if ts.failures >= forkFailuresToStop && ts.disabled == "" {
 		ts.disabled = err.Error()
-		ts.rt.cfg.Logger.Error("forked sandboxes failed; every sandbox is a fresh container from now on", "err", err)
+		ts.log.Error("forked sandboxes failed; every sandbox is a fresh container from now on", "err", err)
 	}
 }
 
@@ -377,8 +427,8 @@ func (ts *templates) retire(t *template) {
 	ts.done.Add(1)
 	go func() {
 		defer ts.done.Done()
-		if err := t.sb.Close(); err != nil {
-			ts.rt.cfg.Logger.Warn("closing a template", "err", err)
+		if err := t.box.Close(); err != nil {
+			ts.log.Warn("closing a template", "err", err)
 		}
 	}()
 }
@@ -394,19 +444,25 @@ func (ts *templates) sweep() {
 			return
 		case <-tick.C:
 		}
-		ts.mu.Lock()
-		var old []*template
-		ts.idle = slices.DeleteFunc(ts.idle, func(t *template) bool {
-			if time.Since(t.lastUsed) > templateIdle || !ts.usable(t) {
-				old = append(old, t)
-				return true
-			}
-			return false
-		})
-		ts.mu.Unlock()
-		for _, t := range old {
-			ts.retire(t)
+		ts.sweepOnce(time.Now())
+	}
+}
+
+// sweepOnce retires the idle templates unused since before now less
+// templateIdle, and those no longer usable.
+func (ts *templates) sweepOnce(now time.Time) {
+	ts.mu.Lock()
+	var old []*template
+	ts.idle = slices.DeleteFunc(ts.idle, func(t *template) bool {
+		if now.Sub(t.lastUsed) > templateIdle || !ts.usable(t) {
+			old = append(old, t)
+			return true
 		}
+		return false
+	})
+	ts.mu.Unlock()
+	for _, t := range old {
+		ts.retire(t)
 	}
 }
 
@@ -455,6 +511,7 @@ type forkContainer struct {
 	rt  *LibcontainerRuntime
 	b   *bundle.Bundle
 	tpl *template
+	z   *zygote // tpl's
 
 	cg       cgroups.Manager
 	paths    map[string]string
@@ -491,7 +548,7 @@ type forkState struct {
 func (fc *forkContainer) create(context.Context) error {
 	path := fc.rt.inst.cgroupPath(fc.b.ID)
 	fc.b.Spec.Linux.CgroupsPath = path
-	cg := *fc.tpl.fork.cgroup
+	cg := *fc.z.fork.cgroup
 	res := *cg.Resources
 	cg.Resources, cg.Path, cg.Name, cg.Parent = &res, path, "", ""
 	if r := fc.b.Spec.Linux.Resources; r != nil && r.CPU != nil && r.CPU.Shares != nil {
@@ -534,7 +591,7 @@ func (fc *forkContainer) create(context.Context) error {
 		}
 		fc.procs = append(fc.procs, f)
 	}
-	state, _ := json.Marshal(forkState{Template: fc.tpl.sb.id, Cgroups: fc.paths})
+	state, _ := json.Marshal(forkState{Template: fc.z.sb.id, Cgroups: fc.paths})
 	dir := filepath.Join(fc.rt.inst.containerDir(), fc.b.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("%w: the sandbox's state: %w", ErrSandbox, err)
@@ -562,9 +619,9 @@ func (fc *forkContainer) start(child [3]*os.File) error {
 	}
 	req = binary.BigEndian.AppendUint32(req, uid)
 	req = binary.BigEndian.AppendUint32(req, fc.b.Init.GID)
-	req = append(req, fc.tpl.fork.bpf...)
+	req = append(req, fc.z.fork.bpf...)
 	fc.reaped = make(chan struct{})
-	err := fc.tpl.sb.conn.forkRequest(req, fds)
+	err := fc.z.sb.conn.forkRequest(req, fds)
 	closeAll(fc.procs)
 	fc.procs = nil
 	if err == nil {
@@ -584,20 +641,20 @@ func (fc *forkContainer) start(child [3]*os.File) error {
 func (fc *forkContainer) awaitForked() error {
 	timer := time.NewTimer(forkTimeout)
 	defer timer.Stop()
-	conn := fc.tpl.sb.conn
+	conn := fc.z.sb.conn
 	for {
 		select {
 		case ev := <-conn.events:
 			switch ev.kind {
-			case iForked:
+			case initproto.IForked:
 				return nil
-			case iError:
+			case initproto.IError:
 				return errors.New(ev.msg)
 			case 0:
 				return fmt.Errorf("the template ended: %s", conn.failure())
 			}
 		case <-timer.C:
-			fc.tpl.sb.c.kill()
+			fc.z.sb.c.kill()
 			return fmt.Errorf("the template did not fork within %v", forkTimeout)
 		}
 	}
@@ -606,18 +663,18 @@ func (fc *forkContainer) awaitForked() error {
 // awaitReaped waits for the template to reap the call's init, or to end.
 func (fc *forkContainer) awaitReaped() {
 	defer close(fc.reaped)
-	conn := fc.tpl.sb.conn
+	conn := fc.z.sb.conn
 	for {
 		select {
 		case ev := <-conn.events:
 			switch ev.kind {
-			case iReaped:
+			case initproto.IReaped:
 				return
-			case iError, 0:
+			case initproto.IError, 0:
 				fc.broken = true
 				return
 			}
-		case <-fc.tpl.sb.done:
+		case <-fc.z.sb.done:
 			fc.broken = true
 			return
 		}
@@ -638,9 +695,9 @@ func (fc *forkContainer) started() error {
 	return nil
 }
 
-func (fc *forkContainer) initConfig() (*initConfig, error) {
+func (fc *forkContainer) initConfig() (*initproto.Config, error) {
 	cfg := containerInit(fc.b)
-	cfg.Forked, cfg.Seccomp = fc.tpl.fork.config, fc.tpl.fork.bpf
+	cfg.Forked, cfg.Seccomp = fc.z.fork.config, fc.z.fork.bpf
 	return cfg, nil
 }
 
@@ -672,8 +729,8 @@ func (fc *forkContainer) boundReap() {
 	}
 	fc.gaveUp.Store(true)
 	fc.rt.cfg.Logger.Warn("a template did not report a call's processes reaped; replacing it",
-		"template", fc.tpl.sb.id, "sandbox", fc.b.ID, "after", reapTimeout)
-	fc.tpl.sb.c.kill()
+		"template", fc.z.sb.id, "sandbox", fc.b.ID, "after", reapTimeout)
+	fc.z.sb.c.kill()
 }
 
 func (fc *forkContainer) verdict(res *Result)           { cgroupVerdict(fc.paths, res) }
@@ -686,7 +743,7 @@ func (fc *forkContainer) waitsForExit() bool            { return false }
 // another.
 func (fc *forkContainer) explain(err error) error {
 	fc.broken = true
-	if msg := fc.tpl.sb.conn.failure(); msg != "no message" {
+	if msg := fc.z.sb.conn.failure(); msg != "no message" {
 		return fmt.Errorf("%w: %w (the template: %s)", errFork, err, msg)
 	}
 	return fmt.Errorf("%w: %w", errFork, err)

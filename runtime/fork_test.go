@@ -336,14 +336,14 @@ func TestForkedConcurrentCallsUseTemplatesOfTheirOwn(t *testing.T) {
 	var wg sync.WaitGroup
 	hashes := make([]int64, 3)
 	for i := range hashes {
-		b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
+		b, err := bundle.New(runtime.BundleDir(h.rt), h.cfg, uuid.NewString())
 		if err != nil {
 			t.Fatal(err)
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{Code: []byte(`import json, time; time.sleep(1); print(json.dumps(hash("mcp-exec")))`),
+			res, err := runtime.RunBundle(context.Background(), h.rt, b, runtime.Request{Code: []byte(`import json, time; time.sleep(1); print(json.dumps(hash("mcp-exec")))`),
 				Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
 			if err != nil || json.Unmarshal(res.Stdout, &hashes[i]) != nil {
 				t.Errorf("call %d: %v, stdout %q, stderr %q", i, err, res.Stdout, res.Stderr)

@@ -248,12 +248,12 @@ print(json.dumps({"inotify_errno": ino_err, "mq_errno": mq_err}))`
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		aDone := make(chan runtime.Result, 1)
-		b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
+		b, err := bundle.New(runtime.BundleDir(h.rt), h.cfg, uuid.NewString())
 		if err != nil {
 			t.Fatal(err)
 		}
 		go func() {
-			res, err := runtime.Run(ctx, h.rt, b, runtime.Request{Code: []byte(exhaust), Timeout: 120 * time.Second, MaxOutputBytes: 1 << 20})
+			res, err := runtime.RunBundle(ctx, h.rt, b, runtime.Request{Code: []byte(exhaust), Timeout: 120 * time.Second, MaxOutputBytes: 1 << 20})
 			if ctx.Err() == nil {
 				t.Errorf("the first call ended before the second ran: %v, exit %d\n%s\n%s", err, res.ExitCode, res.Stdout, res.Stderr)
 			}
@@ -695,28 +695,23 @@ func backstopServer(t *testing.T, stateDir string, kind runtime.Kind, fork, sess
 	if err != nil {
 		t.Fatal(err)
 	}
-	prepare := func(ctx context.Context, _ bool) (runtime.Sandbox, error) {
-		b, err := bundle.New(rt.BundleDir(), testBundleConfig(dir, rt, policy.DefaultLimits()), uuid.NewString())
-		if err != nil {
-			return nil, err
-		}
-		runtime.SubvertInit(b)
-		fmt.Printf("CALL %s\n", b.ID)
-		return rt.Prepare(ctx, b)
-	}
+	runtime.SubvertInits()
+	cfg := testBundleConfig(dir, rt, policy.DefaultLimits())
 	ctx := context.Background()
 	if !session {
-		sb, err := prepare(ctx, false)
+		sb, err := rt.Prepare(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
+		fmt.Printf("CALL %s\n", runtime.BundleOf(sb).ID)
 		sb.Run(ctx, runtime.Request{Code: []byte("import time; time.sleep(1000)"), Timeout: 10 * time.Minute, MaxOutputBytes: 1 << 20})
 		t.Fatal("the call ended before the server was killed")
 	}
-	sess, err := runtime.NewPool(runtime.PoolConfig{Prepare: prepare}).NewSession(ctx, runtime.SessionConfig{})
+	sess, err := runtime.NewPool(runtime.PoolConfig{Runtime: rt, Config: cfg}).NewSession(ctx, runtime.SessionConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	fmt.Printf("CALL %s\n", runtime.SessionBundle(sess).ID)
 	res, err := sess.Run(ctx, runtime.Request{Code: []byte("import subprocess, sys, threading\n" +
 		"subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n" +
 		"threading.Thread(target=lambda: [None for _ in iter(int, 1)], daemon=True).start()"), Timeout: time.Minute, MaxOutputBytes: 1 << 20})
@@ -739,11 +734,11 @@ func TestPreparedSandboxGetsCallWeight(t *testing.T) {
 			h := v.harness(t, policy.DefaultLimits())
 			cfg := h.cfg
 			cfg.Ahead = true
-			b, err := bundle.New(h.rt.BundleDir(), cfg, uuid.NewString())
+			b, err := bundle.New(runtime.BundleDir(h.rt), cfg, uuid.NewString())
 			if err != nil {
 				t.Fatal(err)
 			}
-			sb, err := h.rt.Prepare(context.Background(), b)
+			sb, err := runtime.PrepareBundle(context.Background(), h.rt, b)
 			if err != nil {
 				t.Fatal(err)
 			}

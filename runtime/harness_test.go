@@ -315,7 +315,6 @@ type harness struct {
 	sessions runtime.SessionConfig
 	pool     *runtime.Pool
 	poolCfg  bundle.Config
-	bundles  sync.Map // Sandbox → *bundle.Bundle
 }
 
 // pooledSandbox takes a sandbox the pool prepared before the call, making
@@ -328,20 +327,7 @@ func (h *harness) pooledSandbox() (runtime.Sandbox, *bundle.Bundle, func()) {
 	}
 	if h.pool == nil {
 		h.poolCfg = h.cfg
-		cfg := h.cfg
-		h.pool = runtime.NewPool(runtime.PoolConfig{Size: 1, Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
-			cfg := cfg
-			cfg.Ahead = ahead
-			b, err := bundle.New(h.rt.BundleDir(), cfg, uuid.NewString())
-			if err != nil {
-				return nil, err
-			}
-			sb, err := h.rt.Prepare(ctx, b)
-			if err == nil {
-				h.bundles.Store(sb, b)
-			}
-			return sb, err
-		}})
+		h.pool = runtime.NewPool(runtime.PoolConfig{Size: 1, Runtime: h.rt, Config: h.cfg})
 		pool := h.pool
 		h.t.Cleanup(pool.Close)
 	}
@@ -357,8 +343,7 @@ func (h *harness) pooledSandbox() (runtime.Sandbox, *bundle.Bundle, func()) {
 	if err != nil || !warm {
 		h.t.Fatalf("pool.Get: warm %v, %v", warm, err)
 	}
-	b, _ := h.bundles.Load(sb)
-	return sb, b.(*bundle.Bundle), done
+	return sb, runtime.BundleOf(sb), done
 }
 
 func newHarness(t *testing.T, kind runtime.Kind, limits policy.Limits) *harness {
@@ -451,7 +436,7 @@ func newProcessHarnessNamespaces(t *testing.T, limits policy.Limits, ns runtime.
 
 // testBundleConfig is the contract's defaults for a harness's bundles.
 func testBundleConfig(rootfsDir string, rt runtime.Runtime, limits policy.Limits) bundle.Config {
-	return bundle.Config{Rootfs: rootfsDir, Python: rootfs.PythonPath, Limits: limits, InitDir: rt.InitDir(),
+	return bundle.Config{Rootfs: rootfsDir, Python: rootfs.PythonPath, Limits: limits, InitDir: runtime.InitDir(rt),
 		CallCaps: policy.DefaultCallCaps()}
 }
 
@@ -485,11 +470,11 @@ func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, erro
 		h.assertClean(b)
 		return res, err
 	}
-	b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
+	b, err := bundle.New(runtime.BundleDir(h.rt), h.cfg, uuid.NewString())
 	if err != nil {
 		h.t.Fatalf("bundle.New: %v", err)
 	}
-	res, err := runtime.Run(o.ctx, h.rt, b, req)
+	res, err := runtime.RunBundle(o.ctx, h.rt, b, req)
 	h.assertClean(b)
 	return res, err
 }
@@ -506,19 +491,13 @@ threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 // closes it and checks that nothing of it is left.
 func (h *harness) openSession() (sess *runtime.Session, end func() error) {
 	h.t.Helper()
-	var b *bundle.Bundle
-	pool := runtime.NewPool(runtime.PoolConfig{Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
-		var err error
-		if b, err = bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString()); err != nil {
-			return nil, err
-		}
-		return h.rt.Prepare(ctx, b)
-	}})
+	pool := runtime.NewPool(runtime.PoolConfig{Runtime: h.rt, Config: h.cfg})
 	sess, err := pool.NewSession(context.Background(), h.sessions)
 	if err != nil {
 		pool.Close()
 		h.t.Fatalf("NewSession: %v", err)
 	}
+	b := runtime.SessionBundle(sess)
 	return sess, func() error {
 		err := sess.Close()
 		pool.Close()

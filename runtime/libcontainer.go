@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/opencontainers/runc/libcontainer"
 	"github.com/opencontainers/runc/libcontainer/configs"
 	"github.com/opencontainers/runc/libcontainer/specconv"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // Config configures a runtime instance.
@@ -110,6 +111,9 @@ type LibcontainerRuntime struct {
 // than run with less isolation.
 func NewLibcontainer(cfg Config) (*LibcontainerRuntime, error) {
 	cfg.setDefaults()
+	if err := initproto.Linked(); err != nil {
+		return nil, err
+	}
 	if err := LibcontainerUsable(); err != nil {
 		return nil, err
 	}
@@ -119,14 +123,12 @@ func NewLibcontainer(cfg Config) (*LibcontainerRuntime, error) {
 	}
 	r := &LibcontainerRuntime{cfg: cfg, inst: inst, slots: newSlots(cfg.UIDBase, cfg.SlotDir)}
 	if cfg.Fork.Enabled {
-		r.templates = newTemplates(r, cfg.Fork)
+		r.templates = newTemplates(cfg.Fork, cfg.Logger, r.startTemplate)
 	}
 	return r, nil
 }
 
-func (r *LibcontainerRuntime) Kind() Kind        { return Libcontainer }
-func (r *LibcontainerRuntime) BundleDir() string { return r.inst.bundleDir() }
-func (r *LibcontainerRuntime) InitDir() string   { return r.inst.initDir() }
+func (r *LibcontainerRuntime) Kind() Kind { return Libcontainer }
 
 // Close kills every container still running and removes the instance.
 func (r *LibcontainerRuntime) Close() error {
@@ -144,7 +146,22 @@ func (r *LibcontainerRuntime) Close() error {
 // waits for its code: namespaces, mounts, cgroups and the seccomp filter
 // are all in place then. With forking on, the sandbox is a fork of a
 // template instead (fork.go); should the template fail, a fresh container.
-func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+func (r *LibcontainerRuntime) Prepare(ctx context.Context, cfg bundle.Config) (Sandbox, error) {
+	b, err := r.bundle(cfg, uuid.NewString())
+	if err != nil {
+		return nil, err
+	}
+	return r.prepareBundle(ctx, b)
+}
+
+// bundle makes the bundle of a sandbox of cfg.
+func (r *LibcontainerRuntime) bundle(cfg bundle.Config, id string) (*bundle.Bundle, error) {
+	return newBundle(r.inst.bundleDir(), r.inst.initDir(), cfg, id)
+}
+
+// prepareBundle prepares the sandbox of b, which it owns from then on,
+// even when it fails.
+func (r *LibcontainerRuntime) prepareBundle(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
 	if r.templates == nil || !r.templates.on() {
 		return prepare(ctx, &r.live, b, &lcContainer{rt: r, b: b})
 	}
@@ -158,14 +175,14 @@ func (r *LibcontainerRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sa
 			ferr = err
 			break
 		}
-		sb, err := prepare(ctx, &r.live, b, &forkContainer{rt: r, b: b, tpl: tpl})
+		sb, err := prepare(ctx, &r.live, b, &forkContainer{rt: r, b: b, tpl: tpl, z: tpl.box.(*zygote)})
 		if err == nil || !errors.Is(err, errFork) {
 			return sb, err
 		}
 		ferr = err
 		// The failed sandbox removed b: the same again.
-		if b, err = bundle.New(filepath.Dir(b.Dir), b.Config, b.ID); err != nil {
-			return nil, fmt.Errorf("%w: creating bundle: %w", ErrSandbox, err)
+		if b, err = r.bundle(b.Config, b.ID); err != nil {
+			return nil, err
 		}
 		if ctx.Err() != nil {
 			break
@@ -266,7 +283,7 @@ func (lc *lcContainer) stdio() (child, parent [3]*os.File, err error) {
 	return child, parent, nil
 }
 
-func (lc *lcContainer) initConfig() (*initConfig, error) {
+func (lc *lcContainer) initConfig() (*initproto.Config, error) {
 	cfg := containerInit(lc.b)
 	cfg.Template = lc.template
 	return cfg, nil
@@ -432,7 +449,7 @@ func processFromSpec(p *specs.Process) (*libcontainer.Process, error) {
 		}
 	}
 	for _, rl := range p.Rlimits {
-		t, ok := rlimits[rl.Type]
+		t, ok := initproto.Rlimit(rl.Type)
 		if !ok {
 			return nil, fmt.Errorf("unknown rlimit %q", rl.Type)
 		}

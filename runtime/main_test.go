@@ -10,6 +10,8 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/inhuman/mcp-exec/runtime"
+	// The test binary is the sandboxes' init too, as the server is.
+	_ "github.com/inhuman/mcp-exec/runtime/sandboxinit"
 )
 
 // The test binary starts containers, so like the server it must become the

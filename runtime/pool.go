@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/inhuman/mcp-exec/bundle"
 )
 
 // A Pool keeps sandboxes prepared ahead — container made, cgroups and
@@ -28,9 +30,10 @@ const refillAfter = 100 * time.Millisecond
 
 // PoolConfig configures a Pool.
 type PoolConfig struct {
-	// Prepare makes one sandbox ready for a call: ahead of it for the
-	// pool (bundle.Config.Ahead), or for a call waiting now.
-	Prepare func(ctx context.Context, ahead bool) (Sandbox, error)
+	// Runtime prepares the sandboxes, of Config: ahead of a call for the
+	// pool (Config.Ahead), or for a call waiting now.
+	Runtime Runtime
+	Config  bundle.Config
 	// Size is the fixed number of sandboxes kept ready; with Adaptive it
 	// is the most.
 	Size     int
@@ -216,12 +219,20 @@ func (p *Pool) Get(ctx context.Context) (sb Sandbox, warm bool, done func(), err
 	p.mu.Lock()
 	p.stats.Cold++
 	p.mu.Unlock()
-	sb, err = p.cfg.Prepare(ctx, false)
+	sb, err = p.prepare(ctx, false)
 	if err != nil {
 		done()
 		return nil, false, nil, err
 	}
 	return sb, false, done, nil
+}
+
+// prepare makes one sandbox ready for a call: ahead of it, or for a call
+// waiting now.
+func (p *Pool) prepare(ctx context.Context, ahead bool) (Sandbox, error) {
+	cfg := p.cfg.Config
+	cfg.Ahead = ahead
+	return p.cfg.Runtime.Prepare(ctx, cfg)
 }
 
 // Stats reports how many calls found a sandbox ready, and how many ready.
@@ -309,7 +320,7 @@ func (p *Pool) topUp() bool {
 
 func (p *Pool) prepareOne() {
 	defer p.preparing.Done()
-	sb, err := p.cfg.Prepare(p.ctx, true)
+	sb, err := p.prepare(p.ctx, true)
 	p.mu.Lock()
 	p.filling--
 	if err != nil && p.closed {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
@@ -48,7 +49,11 @@ func (g *gatedPrepare) gate(n int) chan error {
 
 func (g *gatedPrepare) release(n int, err error) { g.gate(n) <- err }
 
-func (g *gatedPrepare) prepare(ctx context.Context, _ bool) (Sandbox, error) {
+// gatedPrepare is the pool's runtime.
+func (g *gatedPrepare) Kind() Kind   { return "token" }
+func (g *gatedPrepare) Close() error { return nil }
+
+func (g *gatedPrepare) Prepare(ctx context.Context, _ bundle.Config) (Sandbox, error) {
 	g.mu.Lock()
 	g.calls++
 	n := g.calls
@@ -117,7 +122,7 @@ func getAsync(p *Pool, ctx context.Context) chan got {
 // when it is done, rather than start a second preparation.
 func TestPoolCallWaitsForPreparation(t *testing.T) {
 	g := newGatedPrepare()
-	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	p := NewPool(PoolConfig{Size: 1, Runtime: g})
 	defer p.Close()
 	waitStarted(t, g, 1)
 	res := getAsync(p, context.Background())
@@ -138,7 +143,7 @@ func TestPoolCallWaitsForPreparation(t *testing.T) {
 // When the preparation a call waits for fails, the call prepares its own.
 func TestPoolWaiterPreparesWhenPreparationFails(t *testing.T) {
 	g := newGatedPrepare()
-	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	p := NewPool(PoolConfig{Size: 1, Runtime: g})
 	defer p.Close()
 	waitStarted(t, g, 1)
 	res := getAsync(p, context.Background())
@@ -156,7 +161,7 @@ func TestPoolWaiterPreparesWhenPreparationFails(t *testing.T) {
 // for stays ready for the next call.
 func TestPoolWaiterCancelled(t *testing.T) {
 	g := newGatedPrepare()
-	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	p := NewPool(PoolConfig{Size: 1, Runtime: g})
 	defer p.Close()
 	waitStarted(t, g, 1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -178,7 +183,7 @@ func TestPoolWaiterCancelled(t *testing.T) {
 // Close ends a waiting call and destroys what was ready.
 func TestPoolCloseEndsWaiters(t *testing.T) {
 	g := newGatedPrepare()
-	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	p := NewPool(PoolConfig{Size: 1, Runtime: g})
 	waitStarted(t, g, 1)
 	res := getAsync(p, context.Background())
 	waitWaiting(t, p, 1)
@@ -198,7 +203,7 @@ func TestPoolCloseEndsWaiters(t *testing.T) {
 // rather than preparing its own — or, if it runs long, while it runs.
 func TestPoolRefillsAfterTheCall(t *testing.T) {
 	g := newGatedPrepare()
-	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	p := NewPool(PoolConfig{Size: 1, Runtime: g})
 	defer p.Close()
 	waitStarted(t, g, 1)
 	g.release(1, nil)
@@ -256,7 +261,7 @@ func waitReady(t *testing.T, p *Pool, n int) {
 // still running then would make a container in it.
 func TestPoolCloseWaitsForPreparations(t *testing.T) {
 	g := newGatedPrepare()
-	p := NewPool(PoolConfig{Size: 1, Prepare: g.prepare})
+	p := NewPool(PoolConfig{Size: 1, Runtime: g})
 	waitStarted(t, g, 1)
 	p.Close()
 	if n := g.inFlight.Load(); n != 0 {

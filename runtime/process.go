@@ -1,14 +1,12 @@
 package runtime
 
 import (
-	"bufio"
 	"context"
 	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,12 +15,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // The process runtime runs each call as a fresh process of the server's
@@ -150,6 +149,9 @@ func (i ProcessIsolation) Summary() string {
 // run at all: a root server that may not change uids.
 func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 	cfg.setDefaults()
+	if err := initproto.Linked(); err != nil {
+		return nil, err
+	}
 	if cfg.ProcessNamespaces == "" {
 		cfg.ProcessNamespaces = NamespacesAuto
 	}
@@ -193,7 +195,7 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 }
 
 // probe finds out what this host lets the runtime apply: it runs the
-// confinement steps in a throwaway child (probeMarker) and compiles the
+// confinement steps in a throwaway child (initproto.ProbeMarker) and compiles the
 // filter.
 func (r *ProcessRuntime) probe() error {
 	h := host.Probe()
@@ -206,7 +208,7 @@ func (r *ProcessRuntime) probe() error {
 		}
 		r.uids = &uidPool{claims: slotClaims{dir: r.cfg.SlotDir, base: r.cfg.UIDBase}}
 	}
-	out, err := exec.Command("/proc/self/exe", probeMarker).Output()
+	out, err := exec.Command("/proc/self/exe", initproto.ProbeMarker).Output()
 	if err != nil {
 		return fmt.Errorf("%w: probing what the process runtime can apply: %w", ErrSandbox, err)
 	}
@@ -283,11 +285,14 @@ func readProbe(out []byte, euid int, uidPerCall bool) ProcessIsolation {
 	return iso
 }
 
-func (r *ProcessRuntime) Kind() Kind        { return Process }
-func (r *ProcessRuntime) BundleDir() string { return r.dir }
+func (r *ProcessRuntime) Kind() Kind { return Process }
 
-// InitDir: the init is this executable itself.
-func (r *ProcessRuntime) InitDir() string { return "/proc/self" }
+// Dir is the runtime's own dir, where its calls' bundles are: removed
+// when it closes.
+func (r *ProcessRuntime) Dir() string { return r.dir }
+
+// processInitDir: the process runtime's init is this executable itself.
+const processInitDir = "/proc/self"
 
 // Isolation is what each call gets on this host.
 func (r *ProcessRuntime) Isolation() ProcessIsolation { return r.iso }
@@ -307,7 +312,16 @@ func (r *ProcessRuntime) Close() error {
 
 // Prepare starts the init for b's process in a fresh working dir, and
 // returns once the interpreter waits for its code.
-func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+func (r *ProcessRuntime) Prepare(ctx context.Context, cfg bundle.Config) (Sandbox, error) {
+	b, err := newBundle(r.dir, processInitDir, cfg, uuid.NewString())
+	if err != nil {
+		return nil, err
+	}
+	return r.prepareBundle(ctx, b)
+}
+
+// prepareBundle prepares the sandbox of b, which it owns from then on.
+func (r *ProcessRuntime) prepareBundle(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
 	return prepare(ctx, &r.live, b, &procContainer{rt: r, b: b})
 }
 
@@ -315,7 +329,7 @@ func (r *ProcessRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox
 type procContainer struct {
 	rt   *ProcessRuntime
 	b    *bundle.Bundle
-	cfg  *initConfig
+	cfg  *initproto.Config
 	work string
 	uid  *claim // root: the call's own uid
 
@@ -365,14 +379,14 @@ func (pc *procContainer) create(context.Context) error {
 	return nil
 }
 
-func (pc *procContainer) initConfig() (*initConfig, error)              { return pc.cfg, nil }
+func (pc *procContainer) initConfig() (*initproto.Config, error)        { return pc.cfg, nil }
 func (pc *procContainer) stdio() (child, parent [3]*os.File, err error) { return pipes() }
 
 // start starts the init, in a process group of its own so that the whole
 // of it is killed at once, as one of the subreaper's own children; where
 // the host lets it, in namespaces of its own, as their pid 1.
 func (pc *procContainer) start(child [3]*os.File) error {
-	cmd := exec.Command("/proc/self/exe", initMarker)
+	cmd := exec.Command("/proc/self/exe", initproto.InitMarker)
 	cmd.Args[0] = "mcp-exec-init"
 	cmd.Env = processEnv(pc.b.Spec.Process.Env, pc.work)
 	cmd.Dir = pc.work
@@ -445,7 +459,7 @@ func (pc *procContainer) destroy() error {
 // counted per uid by the kernel), the code's confinement, and, where the
 // host lets it, the call's namespaces. The code runs as uid and gid: an
 // unprivileged server's own, or, under root, the call's.
-func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gid int) (*initConfig, error) {
+func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gid int) (*initproto.Config, error) {
 	in := b.Init
 	in.WorkDir = work
 	in.Script = filepath.Join(code, "main.py")
@@ -470,7 +484,7 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 	if err != nil {
 		return nil, err
 	}
-	p := &processConfig{
+	p := &initproto.Process{
 		Read:         append(append(slices.Clone(r.read), read...), code),
 		Exec:         slices.Concat(exe, r.cfg.Executables),
 		Devices:      policy.ProcessDevices(),
@@ -496,7 +510,7 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 			p.Read = append(p.Read, filepath.SplitList(v)...)
 		}
 	}
-	return &initConfig{Init: in, Process: p, Seccomp: r.seccomp}, nil
+	return &initproto.Config{Init: in, Process: p, Seccomp: r.seccomp}, nil
 }
 
 // interpreterRules are what the code must execute to run the interpreter
@@ -576,247 +590,4 @@ func processEnv(env []string, work string) []string {
 		out = append(out, kv)
 	}
 	return out
-}
-
-// uidPool hands out the root process runtime's per-call uids: call slots,
-// claimed host-wide like libcontainer's, kept for reuse while nothing of
-// their last call is left.
-type uidPool struct {
-	claims slotClaims
-	mu     sync.Mutex
-	free   []*claim
-}
-
-func (p *uidPool) get() (*claim, error) {
-	p.mu.Lock()
-	if n := len(p.free); n > 0 {
-		c := p.free[n-1]
-		p.free = p.free[:n-1]
-		p.mu.Unlock()
-		return c, nil
-	}
-	p.mu.Unlock()
-	return p.claims.claim()
-}
-
-// put takes a uid back; one that still has processes is kept from every
-// call, here and on the host, for the life of the instance.
-func (p *uidPool) put(c *claim, clean bool) {
-	if !clean {
-		return
-	}
-	p.mu.Lock()
-	p.free = append(p.free, c)
-	p.mu.Unlock()
-}
-
-func (p *uidPool) close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.free {
-		c.release()
-	}
-	p.free = nil
-}
-
-// subreaper makes the server the subreaper of its calls' processes: a
-// process whose call's init died — the init being what kills the code
-// when a call ends — comes back to the server, which kills it. A child of
-// the server's is a call's orphan when the runtime did not start it
-// itself and it runs as a call's uid (root) or, with every call the
-// server's own uid, outside the server's process group (each call has a
-// group of its own; what the server starts otherwise stays in its group).
-type subreaper struct {
-	mu   sync.Mutex
-	own  map[int]bool // the runtime's own children: inits and helpers
-	uids map[int]int  // root: the uids of calls under way
-	root bool
-	self int
-	pgid int
-	sig  chan os.Signal
-	quit chan struct{}
-	done chan struct{}
-}
-
-// subreapers counts the process runtimes of this process that made it a
-// subreaper: the last to close makes it an ordinary parent again, so
-// that orphans it no longer sweeps go to init rather than pile up here.
-var subreapers struct {
-	sync.Mutex
-	n int
-}
-
-func startSubreaper(uids *uidPool) *subreaper {
-	r := &subreaper{own: map[int]bool{}, uids: map[int]int{}, root: uids != nil, self: os.Getpid(), pgid: syscall.Getpgrp(),
-		sig: make(chan os.Signal, 1), quit: make(chan struct{}), done: make(chan struct{})}
-	subreapers.Lock()
-	defer subreapers.Unlock()
-	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		return nil
-	}
-	subreapers.n++
-	notifyChild(r.sig)
-	go r.loop()
-	return r
-}
-
-func notifyChild(c chan os.Signal) { signal.Notify(c, syscall.SIGCHLD) }
-
-func (r *subreaper) loop() {
-	defer close(r.done)
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-r.sig:
-		case <-tick.C:
-		case <-r.quit:
-			return
-		}
-		r.sweep()
-	}
-}
-
-// start starts cmd as one of the runtime's own children: the sweep never
-// sees it unregistered.
-func (r *subreaper) start(cmd *exec.Cmd) error {
-	if r == nil {
-		return cmd.Start()
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	r.own[cmd.Process.Pid] = true
-	return nil
-}
-
-// exited forgets an own child once it has been waited for, and looks for
-// the orphans it may have left.
-func (r *subreaper) exited(pid int) {
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	delete(r.own, pid)
-	r.mu.Unlock()
-	r.sweep()
-}
-
-func (r *subreaper) addUID(uid int) {
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	r.uids[uid]++
-	r.mu.Unlock()
-}
-
-func (r *subreaper) removeUID(uid int) {
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	if r.uids[uid]--; r.uids[uid] <= 0 {
-		delete(r.uids, uid)
-	}
-	r.mu.Unlock()
-}
-
-// killUID kills every process of a call's uid, wherever it is (killMarker,
-// started as that uid), and reports whether none is left.
-func (r *subreaper) killUID(uid int) error {
-	cmd := exec.Command("/proc/self/exe", killMarker)
-	cmd.Args[0] = "mcp-exec-kill"
-	cmd.Env = []string{}
-	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), Groups: []uint32{}}}
-	if err := r.start(cmd); err != nil {
-		return fmt.Errorf("killing what is left of uid %d: %w", uid, err)
-	}
-	err := cmd.Wait()
-	r.exited(cmd.Process.Pid)
-	if err != nil {
-		return fmt.Errorf("killing what is left of uid %d: %w", uid, err)
-	}
-	return nil
-}
-
-// sweep kills and reaps every orphan of a call that has come back to the
-// server.
-func (r *subreaper) sweep() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || r.own[pid] {
-			continue
-		}
-		ppid, pgid, uid, ok := procParent(pid)
-		if !ok || ppid != r.self {
-			continue
-		}
-		orphan := pgid != r.pgid && uid == os.Getuid()
-		if r.root {
-			orphan = r.uids[uid] > 0
-		}
-		if orphan {
-			unix.Kill(pid, unix.SIGKILL)
-			unix.Wait4(pid, nil, unix.WNOHANG, nil)
-		}
-	}
-}
-
-func (r *subreaper) stop() {
-	if r == nil {
-		return
-	}
-	close(r.quit)
-	<-r.done
-	signal.Stop(r.sig)
-	r.sweep()
-	subreapers.Lock()
-	defer subreapers.Unlock()
-	if subreapers.n--; subreapers.n == 0 {
-		unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-	}
-}
-
-// procParent reads a process's parent, process group and real uid.
-func procParent(pid int) (ppid, pgid, uid int, ok bool) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0, 0, false
-	}
-	rp := strings.LastIndexByte(string(stat), ')')
-	if rp < 0 {
-		return 0, 0, 0, false
-	}
-	f := strings.Fields(string(stat[rp+1:]))
-	if len(f) < 4 {
-		return 0, 0, 0, false
-	}
-	ppid, _ = strconv.Atoi(f[1])
-	pgid, _ = strconv.Atoi(f[2])
-	status, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, 0, false
-	}
-	defer status.Close()
-	sc := bufio.NewScanner(status)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "Uid:"); ok {
-			fields := strings.Fields(v)
-			if len(fields) > 0 {
-				uid, _ = strconv.Atoi(fields[0])
-				return ppid, pgid, uid, true
-			}
-		}
-	}
-	return 0, 0, 0, false
 }

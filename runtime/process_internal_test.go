@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // What the probe finds becomes what each call gets and what the host
@@ -103,7 +105,7 @@ func TestNamespacesMissing(t *testing.T) {
 // and is the call's own.
 func TestTmpfsMount(t *testing.T) {
 	got := tmpfsMount("/w", []string{"nosuid", "noexec", "nodev", "mode=1777", "size=8388608"}, "mode=0700,uid=7,gid=8")
-	want := forkedMount{Target: "/w", Type: "tmpfs", Source: "tmpfs", Data: "mode=0700,uid=7,gid=8,size=8388608",
+	want := initproto.Mount{Target: "/w", Type: "tmpfs", Source: "tmpfs", Data: "mode=0700,uid=7,gid=8,size=8388608",
 		Flags: unix.MS_NOSUID | unix.MS_NOEXEC | unix.MS_NODEV}
 	if got != want {
 		t.Errorf("tmpfsMount = %+v, want %+v", got, want)

@@ -17,6 +17,7 @@ import (
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // The process runtime's namespaces: whether each call gets them
@@ -109,20 +110,20 @@ func (r *ProcessRuntime) probeNamespaces() error {
 	if err != nil {
 		return err
 	}
-	cfg := &initConfig{Init: bundle.Init{UID: uint32(uid), GID: uint32(gid), WorkDir: r.dir,
+	cfg := &initproto.Config{Init: bundle.Init{UID: uint32(uid), GID: uint32(gid), WorkDir: r.dir,
 		Script: filepath.Join(r.dir, "main.py"), Argv: []string{"python3", "main.py"}},
-		Process: &processConfig{Namespaces: ns}}
-	payload, err := cfg.encode()
+		Process: &initproto.Process{Namespaces: ns}}
+	payload, err := cfg.Encode()
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), host.ProbeTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "/proc/self/exe", probeMarker, probeNamespacesArg)
+	cmd := exec.CommandContext(ctx, "/proc/self/exe", initproto.ProbeMarker, initproto.ProbeNamespacesArg)
 	cmd.Args[0] = "mcp-exec-probe"
 	cmd.Env, cmd.Dir = []string{}, r.dir
 	cmd.SysProcAttr = namespacesAttr(root)
-	cmd.Stdin = bytes.NewReader(frame(hConfig, payload))
+	cmd.Stdin = bytes.NewReader(frame(initproto.HConfig, payload))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -143,9 +144,9 @@ func (r *ProcessRuntime) probeNamespaces() error {
 // /tmp, the call's own (uid and gid, mode 0700), and one on the script's
 // dir with those of its /code; the hostname; the capabilities the init
 // keeps.
-func (r *ProcessRuntime) callNamespaces(hostname, work string, workOpts []string, code string, codeOpts []string, uid, gid int, masked, readonly []string) (*forkedConfig, error) {
-	f := &forkedConfig{
-		Mounts: []forkedMount{
+func (r *ProcessRuntime) callNamespaces(hostname, work string, workOpts []string, code string, codeOpts []string, uid, gid int, masked, readonly []string) (*initproto.Fresh, error) {
+	f := &initproto.Fresh{
+		Mounts: []initproto.Mount{
 			{Target: "/proc", Type: "proc", Source: "proc", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
 			{Target: "/sys", Type: "sysfs", Source: "sysfs", Flags: unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
 			tmpfsMount(work, workOpts, fmt.Sprintf("mode=0700,uid=%d,gid=%d", uid, gid)),
@@ -165,8 +166,8 @@ func (r *ProcessRuntime) callNamespaces(hostname, work string, workOpts []string
 
 // tmpfsMount is a tmpfs on target with a spec mount's options, as
 // mount(2) takes them; own, when not empty, replaces their mode.
-func tmpfsMount(target string, opts []string, own string) forkedMount {
-	m := forkedMount{Target: target, Type: "tmpfs", Source: "tmpfs"}
+func tmpfsMount(target string, opts []string, own string) initproto.Mount {
+	m := initproto.Mount{Target: target, Type: "tmpfs", Source: "tmpfs"}
 	var data []string
 	if own != "" {
 		data = append(data, own)

@@ -17,9 +17,10 @@ import (
 	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
-// The init's protocol (initproto.go) is the product's contract between a
+// The init's protocol (runtime/initproto) is the product's contract between a
 // runtime and its sandboxes, the same under every runtime. These tests
 // speak it through the process runtime, which needs neither root nor a
 // container, so that make unit (-short) runs them anywhere; the runtime
@@ -45,12 +46,12 @@ func protocolSandbox(t *testing.T) (*ProcessRuntime, *sandbox) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rt.Close() })
-	b, err := bundle.New(rt.BundleDir(), bundle.Config{Rootfs: "/", Python: py.Path, Limits: policy.DefaultLimits(), InitDir: rt.InitDir(),
+	b, err := bundle.New(BundleDir(rt), bundle.Config{Rootfs: "/", Python: py.Path, Limits: policy.DefaultLimits(), InitDir: InitDir(rt),
 		CallCaps: policy.DefaultCallCaps()}, uuid.NewString())
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := rt.Prepare(context.Background(), b)
+	sb, err := rt.prepareBundle(context.Background(), b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,8 +90,8 @@ func TestProtocolTimeoutCountsFromStart(t *testing.T) {
 // A frame the init cannot take is an error of the call's sandbox, said as
 // the init says it, and nothing of the call runs.
 func TestProtocolMalformedFrames(t *testing.T) {
-	shortFile := frame(hFile, []byte{0xff, 0xff}, []byte("x"))
-	badPath := frame(hFile, binary.BigEndian.AppendUint16(nil, 5), []byte("../..x"))
+	shortFile := frame(initproto.HFile, []byte{0xff, 0xff}, []byte("x"))
+	badPath := frame(initproto.HFile, binary.BigEndian.AppendUint16(nil, 5), []byte("../..x"))
 	for _, tc := range []struct {
 		name   string
 		frames [][]byte
@@ -99,8 +100,8 @@ func TestProtocolMalformedFrames(t *testing.T) {
 		{"a file frame cut short", [][]byte{shortFile}, "malformed frame"},
 		{"a path out of the work dir", [][]byte{badPath}, "writing input file ../..: Invalid argument"},
 		{"an unknown frame type", [][]byte{frame('Z', []byte("?"))}, "unknown type"},
-		{"a second configuration", [][]byte{frame(hConfig)}, "second configuration"},
-		{"a frame over the bound", [][]byte{{hStdin, 0xff, 0xff, 0xff, 0xff}}, "Message too long"},
+		{"a second configuration", [][]byte{frame(initproto.HConfig)}, "second configuration"},
+		{"a frame over the bound", [][]byte{{initproto.HStdin, 0xff, 0xff, 0xff, 0xff}}, "Message too long"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, sb := protocolSandbox(t)
@@ -119,8 +120,8 @@ func TestProtocolMalformedFrames(t *testing.T) {
 // The configuration is checked before anything runs: a field the init
 // does not know ends it, and the sandbox never gets ready.
 func TestProtocolUnknownConfiguration(t *testing.T) {
-	c := &initConfig{Init: bundle.Init{UID: 1, GID: 1, WorkDir: "/tmp", Script: "/x", Argv: []string{"/p", "/x"}}}
-	payload, err := c.encode()
+	c := &initproto.Config{Init: bundle.Init{UID: 1, GID: 1, WorkDir: "/tmp", Script: "/x", Argv: []string{"/p", "/x"}}}
+	payload, err := c.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func TestProtocolUnknownConfiguration(t *testing.T) {
 	}
 	defer r.Close()
 	go func() {
-		writeFrame(w, hConfig, payload)
+		writeFrame(w, initproto.HConfig, payload)
 		w.Close()
 	}()
 	out, err := initProcess(dir, r)
@@ -145,7 +146,7 @@ func TestProtocolUnknownConfiguration(t *testing.T) {
 // initProcess runs this test binary as the init, its stdin r, and returns
 // what it wrote on stderr.
 func initProcess(dir string, r *os.File) (string, error) {
-	cmd := exec.Command("/proc/self/exe", initMarker)
+	cmd := exec.Command("/proc/self/exe", initproto.InitMarker)
 	cmd.Dir = dir
 	cmd.Stdin = r
 	var stderr strings.Builder

@@ -15,10 +15,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // The runsc runtime runs each call as one `runsc run` child process:
@@ -75,6 +77,9 @@ type RunscRuntime struct {
 // less isolation.
 func NewRunsc(cfg Config) (*RunscRuntime, error) {
 	cfg.setDefaults()
+	if err := initproto.Linked(); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), host.ProbeTimeout)
 	defer cancel()
 	info := host.ProbeRunsc(ctx, host.Probe(), cfg.RunscPath, cfg.RunscPlatform)
@@ -96,8 +101,6 @@ func NewRunsc(cfg Config) (*RunscRuntime, error) {
 }
 
 func (r *RunscRuntime) Kind() Kind          { return Runsc }
-func (r *RunscRuntime) BundleDir() string   { return r.inst.bundleDir() }
-func (r *RunscRuntime) InitDir() string     { return r.inst.initDir() }
 func (r *RunscRuntime) instanceID() string  { return r.inst.id }
 func (r *RunscRuntime) instanceDir() string { return r.inst.dir }
 
@@ -131,7 +134,16 @@ func (r *RunscRuntime) globalArgs() []string {
 
 // Prepare fixes the bundle for runsc, creates the call's cgroups with the
 // spec's limits, starts the sandbox and waits for its interpreter.
-func (r *RunscRuntime) Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+func (r *RunscRuntime) Prepare(ctx context.Context, cfg bundle.Config) (Sandbox, error) {
+	b, err := newBundle(r.inst.bundleDir(), r.inst.initDir(), cfg, uuid.NewString())
+	if err != nil {
+		return nil, err
+	}
+	return r.prepareBundle(ctx, b)
+}
+
+// prepareBundle prepares the sandbox of b, which it owns from then on.
+func (r *RunscRuntime) prepareBundle(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
 	return prepare(ctx, &r.live, b, &runscContainer{rt: r, b: b})
 }
 
@@ -185,7 +197,7 @@ func (rc *runscContainer) create(context.Context) error {
 }
 
 // initConfig is the bundle's, with the exact filter for the code.
-func (rc *runscContainer) initConfig() (*initConfig, error) {
+func (rc *runscContainer) initConfig() (*initproto.Config, error) {
 	c := containerInit(rc.b)
 	c.Seccomp = rc.seccomp
 	return c, nil

@@ -368,11 +368,11 @@ func TestRunscSandboxFailureIsAnError(t *testing.T) {
 	if err := os.Mkdir(cfg.Rootfs, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b, err := bundle.New(h.rt.BundleDir(), cfg, uuid.NewString())
+	b, err := bundle.New(runtime.BundleDir(h.rt), cfg, uuid.NewString())
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{Code: []byte("print(1)"), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+	res, err := runtime.RunBundle(context.Background(), h.rt, b, runtime.Request{Code: []byte("print(1)"), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
 	if !errors.Is(err, runtime.ErrSandbox) || !strings.Contains(err.Error(), "the interpreter did not start") || !strings.Contains(err.Error(), "No such file") {
 		t.Errorf("Run on an empty rootfs: res %+v err %v, want ErrSandbox saying the interpreter could not start", res, err)
 	}
@@ -460,11 +460,11 @@ func deadServer(t *testing.T, stateDir string) {
 		t.Fatal(err)
 	}
 	cfg := testBundleConfig(dir, rt, policy.DefaultLimits())
-	b, err := bundle.New(rt.BundleDir(), cfg, uuid.NewString())
+	b, err := bundle.New(runtime.BundleDir(rt), cfg, uuid.NewString())
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := rt.Prepare(context.Background(), b)
+	sb, err := runtime.PrepareBundle(context.Background(), rt, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,12 +503,12 @@ func TestRunscConcurrentCalls(t *testing.T) {
 	ch := make(chan out, n)
 	for i := 0; i < n; i++ {
 		go func() {
-			b, err := bundle.New(h.rt.BundleDir(), h.cfg, uuid.NewString())
+			b, err := bundle.New(runtime.BundleDir(h.rt), h.cfg, uuid.NewString())
 			if err != nil {
 				ch <- out{i: i, err: err}
 				return
 			}
-			res, err := runtime.Run(context.Background(), h.rt, b, runtime.Request{
+			res, err := runtime.RunBundle(context.Background(), h.rt, b, runtime.Request{
 				Code:    []byte(fmt.Sprintf("import sys; print(%d); print(sys.stdin.read(), file=sys.stderr)", i)),
 				Stdin:   []byte(fmt.Sprint("in", i)),
 				Timeout: 60 * time.Second, MaxOutputBytes: 1 << 20})

@@ -5,10 +5,10 @@
 // runsc (gVisor, as a child process) and process (the sandbox's init as a
 // confined process of the server's machine, for a server that cannot make
 // containers). All share one sandbox core (sandbox.go) and one init and
-// its protocol (initproto.go, sandboxinit.c); each contributes a container
-// (create, start, kill, statistics, teardown). The containers enforce
-// exactly what the bundle's spec says; per-call knobs (stdin, timeout,
-// output caps) arrive in a Request. The package knows nothing of MCP; of
+// its protocol (runtime/sandboxinit, runtime/initproto); each contributes
+// a container (create, start, kill, statistics, teardown). The containers
+// enforce exactly what the bundle's spec says; per-call knobs (stdin,
+// timeout, output caps) arrive in a Request. The package knows nothing of MCP; of
 // policy it reads only what the spec cannot carry: the process runtime's
 // confinement (policy/process.go) and the CPU weight of a call.
 //
@@ -243,18 +243,16 @@ var (
 // the code started, so the call may have another (Pool.Run).
 var errNotStarted = errors.New("the code could not be started")
 
-// Runtime prepares containers from bundles.
+// Runtime prepares sandboxes from a bundle configuration: it makes each
+// sandbox's bundle itself (newBundle), in its instance's state, where a
+// crashed instance's bundles are swept with the rest.
 type Runtime interface {
 	Kind() Kind
-	// BundleDir is where bundles for this runtime instance are created, so
-	// that a crashed instance's bundles are swept with its other state.
-	BundleDir() string
-	// InitDir holds the sandboxes' init (bundle.Config.InitDir).
-	InitDir() string
-	// Prepare creates the container for b up to the point where only the
-	// code remains to be started. The Sandbox owns b from then on, even
-	// when Prepare fails.
-	Prepare(ctx context.Context, b *bundle.Bundle) (Sandbox, error)
+	// Prepare makes a sandbox of cfg up to the point where only the code
+	// remains to be started: its bundle, its container, its init and the
+	// interpreter waiting for its code. The runtime sets cfg.InitDir, its
+	// own.
+	Prepare(ctx context.Context, cfg bundle.Config) (Sandbox, error)
 	// Close kills what still runs and removes the instance's state.
 	Close() error
 }
@@ -269,14 +267,13 @@ type Sandbox interface {
 	Close() error
 }
 
-// Run prepares a container for b, runs it once and tears it down before
+// Run prepares a sandbox of cfg, runs it once and tears it down before
 // it returns (a Pool tears down in the background instead).
-func Run(ctx context.Context, rt Runtime, b *bundle.Bundle, req Request) (Result, error) {
+func Run(ctx context.Context, rt Runtime, cfg bundle.Config, req Request) (Result, error) {
 	if err := req.Validate(); err != nil {
-		b.Remove()
 		return Result{}, err
 	}
-	sb, err := rt.Prepare(ctx, b)
+	sb, err := rt.Prepare(ctx, cfg)
 	if err != nil {
 		return Result{}, err
 	}
@@ -285,6 +282,17 @@ func Run(ctx context.Context, rt Runtime, b *bundle.Bundle, req Request) (Result
 		err = cerr
 	}
 	return res, err
+}
+
+// newBundle writes the bundle of one sandbox of cfg, its init in initDir,
+// under dir: the one place where a runtime makes a bundle.
+func newBundle(dir, initDir string, cfg bundle.Config, id string) (*bundle.Bundle, error) {
+	cfg.InitDir = initDir
+	b, err := bundle.New(dir, cfg, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: creating bundle: %w", ErrSandbox, err)
+	}
+	return b, nil
 }
 
 // runValid runs a request its caller validated: a sandbox of this package

@@ -7,9 +7,11 @@ import (
 	"os"
 	goruntime "runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inhuman/mcp-exec/bundle"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // The one Sandbox of every runtime: the conversation with the init, the
@@ -60,7 +62,7 @@ type container interface {
 	// started runs once the init runs, before it is configured.
 	started() error
 	// initConfig is the init's configuration.
-	initConfig() (*initConfig, error)
+	initConfig() (*initproto.Config, error)
 	// kill SIGKILLs every process of the container, the init included.
 	kill()
 	// verdict fills the OOM and pids flags, CPU time and peak memory.
@@ -422,4 +424,15 @@ func (t *teardownOnce) do(what string, teardown func() error) error {
 		}
 	})
 	return t.err
+}
+
+// subvertInits makes the init of every call's sandbox play one the code
+// subverted (initproto.Config.NoParentDeath): the watchdog's tests set it
+// in a server of their own, nothing else.
+var subvertInits atomic.Bool
+
+// containerInit is the configuration of the init of a container: the
+// bundle's, as it is.
+func containerInit(b *bundle.Bundle) *initproto.Config {
+	return &initproto.Config{Init: b.Init, NoParentDeath: subvertInits.Load() && !b.Config.Template}
 }

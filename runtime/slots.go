@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // A call slot is an identity on the host that one libcontainer sandbox at
@@ -30,8 +31,8 @@ import (
 // The namespace must be created by its owner, not by root: a namespace
 // root creates charges its counts to root, whose limits every root
 // process of the host shares. So each slot has a holder, this executable
-// started as the slot's uid (sandboxinit.c), which unshares a user
-// namespace and waits; the server writes its uid and gid maps, and every
+// started as the slot's uid (runtime/sandboxinit's init_userns.c), which
+// unshares a user namespace and waits; the server writes its uid and gid maps, and every
 // sandbox of the slot joins it by path. A slot is used by one sandbox at a
 // time and reused after that sandbox is gone.
 
@@ -213,7 +214,7 @@ func (s *slots) start(cl *claim) (_ *slot, retErr error) {
 		return nil, err
 	}
 	defer outR.Close()
-	cmd := exec.Command(s.exe, holdMarker)
+	cmd := exec.Command(s.exe, initproto.HoldMarker)
 	cmd.Args[0] = "mcp-exec-userns"
 	cmd.Env = []string{}
 	cmd.Dir = "/"

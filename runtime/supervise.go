@@ -1,22 +1,12 @@
 package runtime
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
-	"math"
-	"os"
-	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // Grace periods of the supervision, all counted on the host's clock.
@@ -55,367 +45,6 @@ const socketPoll = 5 * time.Millisecond
 // socketsOver reports whether used socket memory is past the kill mark.
 func socketsOver(used, limit int64) bool { return limit > 0 && used > limit+limit/2 }
 
-// event is one frame from the init that the supervision waits for.
-type event struct {
-	kind     byte      // 0: the init's output ended
-	at       time.Time // when it arrived: the supervision may see it later
-	status   syscall.WaitStatus
-	outTotal int64
-	errTotal int64
-	ran      time.Duration // exit: how long the code ran, by the init's clock
-	flags    uint32        // exit: exitFlags
-	msg      string
-	out      *callOutput // idle: the session's call's output
-}
-
-// callOutput is what the init sent of one call besides its verdict.
-type callOutput struct {
-	stdout, stderr *cappedBuffer
-	files          []File
-	skipped        bool
-	leftOut        []LeftOut
-	notes          []string
-	value          []byte
-}
-
-func newCallOutput() callOutput {
-	return callOutput{stdout: newCappedBuffer(maxFrame), stderr: newCappedBuffer(maxFrame)}
-}
-
-// initConn is the conversation with one sandbox's init (not an MCP
-// session: docs/architecture.md says what each word means).
-type initConn struct {
-	to     *os.File // the init's stdin
-	events chan event
-	diag   *cappedBuffer // the init's stderr
-
-	// mu guards the call's output, which the reader writes, and the
-	// watcher of the call's output.
-	mu   sync.Mutex
-	out  callOutput
-	live *Live
-
-	// wmu orders the writers: each writes its frames whole, the
-	// configuration first.
-	wmu       sync.Mutex
-	writeOnce sync.Once
-}
-
-// newInitConn starts reading frames from the init's stdout and its stderr.
-// The init sends no more of each of the code's streams than its cap (the
-// bundle's); the runtime keeps at most the request's.
-func newInitConn(to, from, diag *os.File) *initConn {
-	s := &initConn{
-		to:     to,
-		events: make(chan event, 64),
-		diag:   newCappedBuffer(64 << 10),
-		out:    newCallOutput(),
-	}
-	go drain(diag, s.diag, make(chan struct{}))
-	go s.read(from)
-	return s
-}
-
-// read turns frames into output, files and events until the init's stdout
-// ends; then it sends a zero event and stops.
-func (s *initConn) read(from *os.File) {
-	defer from.Close()
-	defer func() { s.events <- event{at: time.Now()} }()
-	r := bufio.NewReaderSize(from, 64<<10)
-	var head [5]byte
-	for {
-		if _, err := io.ReadFull(r, head[:]); err != nil {
-			return
-		}
-		n := binary.BigEndian.Uint32(head[1:])
-		if n > maxFrame {
-			s.events <- event{kind: iError, msg: fmt.Sprintf("the init sent a frame of %d bytes", n)}
-			return
-		}
-		payload := make([]byte, n)
-		if _, err := io.ReadFull(r, payload); err != nil {
-			return
-		}
-		switch head[0] {
-		case iStdout, iStderr:
-			s.output(head[0], payload)
-		case iOutFile:
-			f, err := decodeFile(payload, true)
-			if err != nil {
-				s.events <- event{kind: iError, msg: err.Error()}
-				return
-			}
-			s.mu.Lock()
-			s.out.files = append(s.out.files, f)
-			s.mu.Unlock()
-		case iSkipped:
-			lo, named := decodeLeftOut(payload)
-			s.mu.Lock()
-			s.out.skipped = true
-			if named && len(s.out.leftOut) < maxLeftOut {
-				s.out.leftOut = append(s.out.leftOut, lo)
-			}
-			s.mu.Unlock()
-		case iResult:
-			s.mu.Lock()
-			s.out.value = payload
-			s.mu.Unlock()
-		case iIdle:
-			out := s.take()
-			s.events <- event{kind: iIdle, at: time.Now(), out: &out}
-		case iExit:
-			if n != exitFrameLen {
-				s.events <- event{kind: iError, msg: fmt.Sprintf("the init sent an exit frame of %d bytes, want %d", n, exitFrameLen)}
-				return
-			}
-			s.events <- event{kind: iExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
-				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:])),
-				ran: time.Duration(binary.BigEndian.Uint64(payload[20:])), flags: binary.BigEndian.Uint32(payload[28:])}
-		case iNote:
-			s.mu.Lock()
-			if len(s.out.notes) < 16 {
-				s.out.notes = append(s.out.notes, string(payload[:min(len(payload), 1024)]))
-			}
-			s.mu.Unlock()
-		case iError:
-			s.events <- event{kind: iError, msg: string(payload)}
-		case iForked, iReaped:
-			if n == 4 {
-				s.events <- event{kind: head[0], at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload))}
-			}
-		default:
-			s.events <- event{kind: head[0], at: time.Now()}
-		}
-	}
-}
-
-// output keeps a chunk of the call's stdout or stderr, and shows it to
-// whoever watches the call.
-func (s *initConn) output(typ byte, p []byte) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if typ == iStdout {
-		s.out.stdout.Write(p)
-	} else {
-		s.out.stderr.Write(p)
-	}
-	if s.live != nil {
-		s.live.write(typ == iStderr, p)
-	}
-}
-
-// take returns the output of the call so far and starts the next one's.
-func (s *initConn) take() callOutput {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := s.out
-	s.out = newCallOutput()
-	return out
-}
-
-// watch has the call's output shown to live (nil: to nobody).
-func (s *initConn) watch(live *Live) {
-	s.mu.Lock()
-	s.live = live
-	s.mu.Unlock()
-}
-
-// decodeLeftOut reads a T frame: u8 why, u64 size, the path; a bare one
-// (or one malformed) names nothing.
-func decodeLeftOut(p []byte) (LeftOut, bool) {
-	if len(p) < 10 {
-		return LeftOut{}, false
-	}
-	why, ok := map[byte]LeftOutReason{leftCount: LeftCount, leftBytes: LeftBytes, leftUnreadable: LeftUnreadable, leftLimits: LeftLimits}[p[0]]
-	size := binary.BigEndian.Uint64(p[1:])
-	if !ok || size > math.MaxInt64 {
-		return LeftOut{}, false
-	}
-	return LeftOut{Path: strings.ToValidUTF8(string(p[9:]), "\uFFFD"), Size: int64(size), Why: why}, true
-}
-
-// decodeFile reads a file frame: a uint16 path length, the path, then (from
-// the init) a uint64 size, and the data.
-func decodeFile(p []byte, sized bool) (File, error) {
-	if len(p) < 2 {
-		return File{}, errors.New("short file frame")
-	}
-	pn := int(binary.BigEndian.Uint16(p))
-	p = p[2:]
-	if len(p) < pn {
-		return File{}, errors.New("short file frame")
-	}
-	f := File{Path: string(p[:pn])}
-	p = p[pn:]
-	if sized {
-		if len(p) < 8 || binary.BigEndian.Uint64(p) != uint64(len(p)-8) {
-			return File{}, errors.New("file frame of the wrong size")
-		}
-		p = p[8:]
-	}
-	if err := CheckRelPath(f.Path); err != nil {
-		return File{}, fmt.Errorf("the init sent an output file with a bad path: %w", err)
-	}
-	f.Data = p
-	return f, nil
-}
-
-func frame(typ byte, payload ...[]byte) []byte {
-	var b bytes.Buffer
-	writeFrame(&b, typ, payload...)
-	return b.Bytes()
-}
-
-// writeFrame writes a frame's header and its payload's parts in turn,
-// without copying them into one buffer: a call's files are megabytes.
-func writeFrame(w io.Writer, typ byte, payload ...[]byte) {
-	n := 0
-	for _, p := range payload {
-		n += len(p)
-	}
-	var head [5]byte
-	head[0] = typ
-	binary.BigEndian.PutUint32(head[1:], uint32(n))
-	w.Write(head[:])
-	for _, p := range payload {
-		w.Write(p)
-	}
-}
-
-// configure sends the init its configuration, the first frame, from its
-// own goroutine: an init that died before reading it must not hold the
-// runtime up (waitReady then sees it gone).
-func (s *initConn) configure(c *initConfig) error {
-	payload, err := c.encode()
-	if err != nil {
-		return err
-	}
-	s.wmu.Lock()
-	go func() {
-		defer s.wmu.Unlock()
-		writeFrame(s.to, hConfig, payload)
-	}()
-	return nil
-}
-
-// send writes the call to the init: files, stdin, then the code. It runs
-// in its own goroutine: the init reads everything at once, but a dead one
-// must not hold the supervision up.
-func (s *initConn) send(req Request) {
-	go func() {
-		s.wmu.Lock()
-		defer s.wmu.Unlock()
-		w := bufio.NewWriterSize(s.to, 64<<10)
-		for _, f := range req.Files {
-			var pn [2]byte
-			binary.BigEndian.PutUint16(pn[:], uint16(len(f.Path)))
-			writeFrame(w, hFile, pn[:], []byte(f.Path), f.Data)
-		}
-		for p := req.Stdin; len(p) > 0; {
-			n := min(len(p), 64<<10)
-			writeFrame(w, hStdin, p[:n])
-			p = p[n:]
-		}
-		writeFrame(w, hStdinEnd)
-		writeFrame(w, hCPU, []byte(strconv.FormatInt(int64(math.Ceil(req.Timeout.Seconds())), 10)))
-		if req.Persistent {
-			writeFrame(w, hPersist)
-		}
-		if req.Live != nil {
-			writeFrame(w, hLive)
-		}
-		writeFrame(w, hCode, req.Code)
-		w.Flush()
-	}()
-}
-
-// forkRequest sends a template's init a fork with the call's descriptors,
-// which go over its stdin, a socket, with the frame's first bytes.
-func (s *initConn) forkRequest(payload []byte, fds []int) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	msg := frame(hFork, payload)
-	raw, err := s.to.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var n int
-	var serr error
-	if err := raw.Write(func(fd uintptr) bool {
-		n, serr = unix.SendmsgN(int(fd), msg, unix.UnixRights(fds...), nil, 0)
-		return serr != unix.EAGAIN
-	}); err != nil {
-		return err
-	}
-	if serr != nil {
-		return fmt.Errorf("sending a fork to the template: %w", serr)
-	}
-	if _, err := s.to.Write(msg[n:]); err != nil {
-		return fmt.Errorf("sending a fork to the template: %w", err)
-	}
-	return nil
-}
-
-// kill asks the init to kill the code; its answer follows as usual.
-func (s *initConn) kill() { s.signal(hKill) }
-
-// interrupt asks the init to interrupt the code (KeyboardInterrupt).
-func (s *initConn) interrupt() { s.signal(hInterrupt) }
-
-func (s *initConn) signal(typ byte) {
-	go func() {
-		s.wmu.Lock()
-		defer s.wmu.Unlock()
-		s.to.Write(frame(typ))
-	}()
-}
-
-// closeInput closes the init's stdin: an init that still waits for a call
-// then kills everything and exits.
-func (s *initConn) closeInput() {
-	s.writeOnce.Do(func() { s.to.Close() })
-}
-
-// waitReady waits for the init to report its interpreter ready.
-func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error {
-	timer := time.NewTimer(readyTimeout)
-	defer timer.Stop()
-	for {
-		select {
-		case ev := <-s.events:
-			switch ev.kind {
-			case iReady:
-				return nil
-			case iError:
-				return fmt.Errorf("the sandbox's init: %s", ev.msg)
-			case iExit, 0:
-				// The interpreter ended before it read any code.
-				return fmt.Errorf("the interpreter did not start: %s", s.failure())
-			}
-		case <-timer.C:
-			return fmt.Errorf("the interpreter was not ready within %v", readyTimeout)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-exited:
-			return fmt.Errorf("the sandbox's init exited before the interpreter was ready: %s", s.failure())
-		}
-	}
-}
-
-// failure describes what the init and the interpreter said before they
-// failed, for the operator's log.
-func (s *initConn) failure() string {
-	s.mu.Lock()
-	out := s.out
-	s.mu.Unlock()
-	for _, b := range []*cappedBuffer{s.diag, out.stderr, out.stdout} {
-		if msg, _, _ := b.result(); len(msg) > 0 {
-			return lastLines(msg, 5)
-		}
-	}
-	return "no message"
-}
-
 // supervise runs one call on a ready sandbox: it hands the init the call,
 // counts the timeout from when the code has it, kills on timeout or
 // cancellation, and collects the verdict. The container's watchdog is told
@@ -433,116 +62,186 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 	s.watch(req.Live)
 	defer s.watch(nil)
 	s.send(req)
+	k := &call{ctx: ctx, c: c, conn: s, req: req, exited: exited, stopTimer: func() {}}
+	k.serve()
+	k.collect()
+	return k.result()
+}
 
-	var (
-		start     time.Time
-		timer     <-chan time.Time
-		grace     <-chan time.Time
-		exitEv    *event
-		out       *callOutput
-		cpu0      time.Duration
-		cpu1      time.Duration
-		ended     bool // the init's stdout ended, or it said it is done
-		done      bool // the init said it is done
-		ctxErr    error
-		initError string
-		exitAt    time.Time // when the code's exit was told
-	)
-	stopTimer := func() {}
-	// stop ends the code: a session's by an interrupt first.
-	stop := func() {
-		if req.Persistent && exitEv == nil && !start.IsZero() {
-			s.interrupt()
-			grace = time.After(interruptGrace)
-			return
-		}
-		s.kill()
-		grace = time.After(killGrace)
-	}
-	var sockTick <-chan time.Time
-	if _, _, ok := c.sockets(); ok {
+// call is one call on a ready sandbox, as the supervision sees it: the
+// shape of the init's own loop (init_loop.c), one handler for each event
+// — a frame of the init, the timeout, the grace after a kill or an
+// interrupt, a measure of the sockets, the caller's cancellation — until
+// the init has said all it will; then its result.
+type call struct {
+	ctx    context.Context
+	c      container
+	conn   *initConn
+	req    Request
+	exited <-chan struct{}
+
+	res       Result
+	start     time.Time // the init said the code has it; zero until then
+	exitAt    time.Time // the init said the code exited
+	exit      *event
+	out       *callOutput
+	cpu0      time.Duration // at the start, and at the exit
+	cpu1      time.Duration
+	timer     <-chan time.Time // the timeout, from the start
+	stopTimer func()
+	grace     <-chan time.Time // the kill after a stop
+	idle      bool             // a session's call is over; its sandbox waits for the next
+	ended     bool             // the init's stdout ended, or it said it is done or idle
+	done      bool             // the init said it is done
+	ctxErr    error
+	initError string
+}
+
+// serve waits for what the call's state needs and hands each event on.
+func (k *call) serve() {
+	var sockets <-chan time.Time
+	if _, _, ok := k.c.sockets(); ok {
 		t := time.NewTicker(socketPoll)
 		defer t.Stop()
-		sockTick = t.C
+		sockets = t.C
 	}
-	for !ended {
+	for !k.ended {
 		select {
-		case <-sockTick:
-			if used, limit, _ := c.sockets(); socketsOver(used, limit) {
-				sockTick = nil
-				res.OOMKilled, res.SocketsKilled = true, true
-				c.kill()
+		case <-sockets:
+			if k.onSockets() {
+				sockets = nil
 			}
-		case ev := <-s.events:
-			switch ev.kind {
-			case iStarted:
-				start = ev.at
-				cpu0 = c.cpu()
-				if supervisionTimer {
-					t := time.NewTimer(time.Until(start.Add(req.Timeout)))
-					timer, stopTimer = t.C, func() { t.Stop() }
-				}
-				c.deadline(start.Add(req.Timeout + watchdogGrace))
-			case iExit:
-				exitEv = &ev
-				exitAt = ev.at
-				res.Duration = ev.ran
-				cpu1 = c.cpu()
-				stopTimer()
-				timer = nil
-				grace = time.After(exportTimeout)
-				// The code is over; the init exports its files.
-				c.deadline(time.Now().Add(exportTimeout + time.Second))
-			case iError:
-				if start.IsZero() {
-					// The call could not be set up (an input file failed):
-					// nothing of it runs.
-					initError = ev.msg
-					c.kill()
-				}
-			case iIdle:
-				// A session's call is over; its sandbox waits for the next.
-				out, idle, ended = ev.out, true, true
-			case iDone:
-				// The init has sent all there is: the result is complete
-				// without waiting for its exit, which teardown sees to.
-				done, ended = true, true
-			case 0:
-				ended = true
-			}
-		case <-timer:
-			res.TimedOut = true
-			timer = nil
-			stop()
-		case <-grace:
-			grace = nil
-			c.kill()
-		case <-ctx.Done():
-			ctxErr = ctx.Err()
-			ctx = context.Background()
-			if req.Persistent && grace == nil {
-				stop()
-			} else {
-				c.kill()
-			}
+		case ev := <-k.conn.events:
+			k.onFrame(ev)
+		case <-k.timer:
+			k.onTimer()
+		case <-k.grace:
+			k.onGrace()
+		case <-k.ctx.Done():
+			k.onCancel()
 		}
 	}
-	stopTimer()
-	if idle {
-		c.deadline(time.Time{})
-	} else {
-		s.closeInput()
-		if !done || c.waitsForExit() {
-			select {
-			case <-exited:
-			case <-time.After(teardownTimeout):
-				c.kill()
-			}
-		}
-		o := s.take()
-		out = &o
-	}
+	k.stopTimer()
+}
 
+// onSockets kills the container whose socket buffers are past their
+// bound, as the memory limit would; it reports whether it did.
+func (k *call) onSockets() bool {
+	used, limit, _ := k.c.sockets()
+	if !socketsOver(used, limit) {
+		return false
+	}
+	k.res.OOMKilled, k.res.SocketsKilled = true, true
+	k.c.kill()
+	return true
+}
+
+// onFrame takes one event of the init.
+func (k *call) onFrame(ev event) {
+	switch ev.kind {
+	case initproto.IStarted:
+		k.onStarted(ev)
+	case initproto.IExit:
+		k.onExit(ev)
+	case initproto.IError:
+		if k.start.IsZero() {
+			// The call could not be set up (an input file failed):
+			// nothing of it runs.
+			k.initError = ev.msg
+			k.c.kill()
+		}
+	case initproto.IIdle:
+		// A session's call is over; its sandbox waits for the next.
+		k.out, k.idle, k.ended = ev.out, true, true
+	case initproto.IDone:
+		// The init has sent all there is: the result is complete
+		// without waiting for its exit, which teardown sees to.
+		k.done, k.ended = true, true
+	case 0:
+		k.ended = true
+	}
+}
+
+// onStarted: the code has it; its time counts from now.
+func (k *call) onStarted(ev event) {
+	k.start = ev.at
+	k.cpu0 = k.c.cpu()
+	if supervisionTimer {
+		t := time.NewTimer(time.Until(k.start.Add(k.req.Timeout)))
+		k.timer, k.stopTimer = t.C, func() { t.Stop() }
+	}
+	k.c.deadline(k.start.Add(k.req.Timeout + watchdogGrace))
+}
+
+// onExit: the code is over; the init exports its files.
+func (k *call) onExit(ev event) {
+	k.exit = &ev
+	k.exitAt = ev.at
+	k.res.Duration = ev.ran
+	k.cpu1 = k.c.cpu()
+	k.stopTimer()
+	k.timer = nil
+	k.grace = time.After(exportTimeout)
+	k.c.deadline(time.Now().Add(exportTimeout + time.Second))
+}
+
+func (k *call) onTimer() {
+	k.res.TimedOut = true
+	k.timer = nil
+	k.stop()
+}
+
+func (k *call) onGrace() {
+	k.grace = nil
+	k.c.kill()
+}
+
+// onCancel: the caller gave up. A session's running code is interrupted
+// first, as at its timeout; anything else is killed.
+func (k *call) onCancel() {
+	k.ctxErr = k.ctx.Err()
+	k.ctx = context.Background()
+	if k.req.Persistent && k.grace == nil {
+		k.stop()
+	} else {
+		k.c.kill()
+	}
+}
+
+// stop ends the code: a session's by an interrupt first.
+func (k *call) stop() {
+	if k.req.Persistent && k.exit == nil && !k.start.IsZero() {
+		k.conn.interrupt()
+		k.grace = time.After(interruptGrace)
+		return
+	}
+	k.conn.kill()
+	k.grace = time.After(killGrace)
+}
+
+// collect takes the call's output: a session's came with its end; any
+// other's once the init is gone (or killed after teardownTimeout).
+func (k *call) collect() {
+	if k.idle {
+		k.c.deadline(time.Time{})
+		return
+	}
+	k.conn.closeInput()
+	if !k.done || k.c.waitsForExit() {
+		select {
+		case <-k.exited:
+		case <-time.After(teardownTimeout):
+			k.c.kill()
+		}
+	}
+	o := k.conn.take()
+	k.out = &o
+}
+
+// result is the call's verdict: its output within the request's caps, the
+// container's measures, and how the code ended.
+func (k *call) result() (Result, bool, error) {
+	res, req, out := &k.res, k.req, k.out
 	res.Stdout, res.StdoutTruncated, res.StdoutBytes = out.stdout.result()
 	res.Stderr, res.StderrTruncated, res.StderrBytes = out.stderr.result()
 	res.Stdout, res.Stderr = capped(res.Stdout, req.MaxOutputBytes, &res.StdoutTruncated), capped(res.Stderr, req.MaxOutputBytes, &res.StderrTruncated)
@@ -550,44 +249,52 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 	res.Files, res.FilesTruncated, res.FilesLeftOut = out.files, out.skipped, out.leftOut
 	res.Value = capped(out.value, req.MaxOutputBytes, &res.ValueTruncated)
 	killedForSockets := res.SocketsKilled
-	c.verdict(&res)
+	k.c.verdict(res)
 	if killedForSockets {
 		res.OOMKilled, res.SocketsKilled = true, true
 	}
 	// The code's CPU time: from when it had its code to its exit, not the
 	// interpreter's start-up before (or gVisor's boot).
-	if exitEv == nil {
-		cpu1 = res.CPUTime
+	if k.exit == nil {
+		k.cpu1 = res.CPUTime
 	}
-	if !start.IsZero() && cpu1 >= cpu0 {
-		res.CPUTime = cpu1 - cpu0
+	if !k.start.IsZero() && k.cpu1 >= k.cpu0 {
+		res.CPUTime = k.cpu1 - k.cpu0
 	}
-	req.phases(start, exitAt)
+	req.phases(k.start, k.exitAt)
 	switch {
-	case ctxErr != nil:
-		return res, idle, ctxErr
-	case initError != "":
-		return res, false, fmt.Errorf("%w: %s", ErrSandbox, initError)
-	case start.IsZero():
-		return res, false, fmt.Errorf("%w: %w: %s", ErrSandbox, errNotStarted, s.failure())
-	case exitEv != nil:
-		ws := exitEv.status
+	case k.ctxErr != nil:
+		return *res, k.idle, k.ctxErr
+	case k.initError != "":
+		return *res, false, fmt.Errorf("%w: %s", ErrSandbox, k.initError)
+	case k.start.IsZero():
+		return *res, false, fmt.Errorf("%w: %w: %s", ErrSandbox, errNotStarted, k.conn.failure())
+	}
+	k.ending()
+	return *res, k.idle, nil
+}
+
+// ending fills how the code ended: as the init said, or, where the init
+// died with the code running, as a kill.
+func (k *call) ending() {
+	res := &k.res
+	if ev := k.exit; ev != nil {
+		ws := ev.status
 		res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))
 		if ws.Signaled() {
 			res.Signal = int(ws.Signal())
 		}
 		// The init counted everything; it sent only what fits the cap.
-		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, exitEv.outTotal), max(res.StderrBytes, exitEv.errTotal)
-		res.StdoutTruncated = res.StdoutTruncated || exitEv.outTotal > int64(len(res.Stdout))
-		res.StderrTruncated = res.StderrTruncated || exitEv.errTotal > int64(len(res.Stderr))
-	default:
-		// The init died with the code running: the memory limit's OOM
-		// killer, or under gVisor the whole sandbox ending, or a kill after
-		// the grace. The container was killed: say so as a signal would.
-		res.Duration = time.Since(start)
-		res.ExitCode, res.Signal = 128+int(syscall.SIGKILL), int(syscall.SIGKILL)
+		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, ev.outTotal), max(res.StderrBytes, ev.errTotal)
+		res.StdoutTruncated = res.StdoutTruncated || ev.outTotal > int64(len(res.Stdout))
+		res.StderrTruncated = res.StderrTruncated || ev.errTotal > int64(len(res.Stderr))
+		return
 	}
-	return res, idle, nil
+	// The init died with the code running: the memory limit's OOM killer,
+	// or under gVisor the whole sandbox ending, or a kill after the
+	// grace. The container was killed: say so as a signal would.
+	res.Duration = time.Since(k.start)
+	res.ExitCode, res.Signal = 128+int(syscall.SIGKILL), int(syscall.SIGKILL)
 }
 
 // phases tells the request the run (start to the code's exit, or to now

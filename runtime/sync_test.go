@@ -15,6 +15,7 @@ import (
 	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/policy"
 	"github.com/inhuman/mcp-exec/rootfs"
+	"github.com/inhuman/mcp-exec/runtime/initproto"
 )
 
 // What is kept in sync by hand across packages that may not import one
@@ -56,7 +57,7 @@ func TestKeptInSync(t *testing.T) {
 		}
 	}
 
-	// The markers in sandboxinit.c are the Go side's: this test binary,
+	// The markers of the C init (main.c) are the Go side's: this test binary,
 	// started with each, is the init or the holder.
 	self, err := os.Executable()
 	if err != nil {
@@ -64,13 +65,13 @@ func TestKeptInSync(t *testing.T) {
 	}
 	out, _ := exec.Command(self, bundle.InitMarker).CombinedOutput()
 	if !bytes.Contains(out, []byte("mcp-exec init: usage")) {
-		t.Errorf("%s %s printed %q, want the init's usage (INIT_ARG in sandboxinit.c)", self, bundle.InitMarker, out)
+		t.Errorf("%s %s printed %q, want the init's usage (INIT_ARG in sandboxinit/main.c)", self, bundle.InitMarker, out)
 	}
-	cmd := exec.Command(self, holdMarker)
+	cmd := exec.Command(self, initproto.HoldMarker)
 	cmd.Stdin = strings.NewReader("") // the holder exits at once when its stdin ends
 	out, _ = cmd.CombinedOutput()
 	if !bytes.HasPrefix(out, []byte("ok\n")) && !bytes.HasPrefix(out, []byte("error: unshare")) {
-		t.Errorf("%s %s printed %q, want the holder's answer (HOLD_ARG in sandboxinit.c)", self, holdMarker, out)
+		t.Errorf("%s %s printed %q, want the holder's answer (HOLD_ARG in sandboxinit/main.c)", self, initproto.HoldMarker, out)
 	}
 
 	// The icon the server sends is the one the registry's server.json names.

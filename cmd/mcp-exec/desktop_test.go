@@ -58,7 +58,7 @@ func readmeEntries(t *testing.T) []clientEntry {
 
 // start starts entry as a client would, its command replaced by bin,
 // under wrapper (argv before it), with a desktop's environment.
-func start(t *testing.T, entry clientEntry, bin string, wrapper []string, home string) (*mcp.ClientSession, *syncBuffer, error) {
+func start(t *testing.T, entry clientEntry, bin string, wrapper []string, home string) (*mcp.ClientSession, *testenv.SyncBuffer, error) {
 	t.Helper()
 	argv := append(append(append([]string{}, wrapper...), bin), entry.Args...)
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -68,7 +68,7 @@ func start(t *testing.T, entry clientEntry, bin string, wrapper []string, home s
 	for k, v := range entry.Env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	cmd.Stderr = &stderr
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "desktop", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
 	if err == nil {

@@ -205,7 +205,7 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			if lc, ok := sb.rt.(*runtime.LibcontainerRuntime); ok && cfg.Fork {
 				if lc.Forking().Forks == 0 {
 					// A cached rootfs is not proven again: prove the fork.
-					sb.runWith(ctx, sb.bundleCfg, runtime.Request{Code: []byte("pass"), Timeout: time.Minute, MaxOutputBytes: 1 << 10})
+					runtime.Run(ctx, sb.rt, sb.bundleCfg, runtime.Request{Code: []byte("pass"), Timeout: time.Minute, MaxOutputBytes: 1 << 10})
 				}
 				st := lc.Forking()
 				r.Runtime.Fork = &st

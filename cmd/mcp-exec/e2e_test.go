@@ -53,7 +53,7 @@ type proc struct {
 	cmd      *exec.Cmd
 	stdin    io.WriteCloser
 	lines    chan []byte // stdout, line by line
-	stderr   *syncBuffer
+	stderr   *testenv.SyncBuffer
 	stateDir string
 	instance string
 	done     chan struct{}
@@ -66,7 +66,7 @@ func startServer(t *testing.T, env []string, args ...string) *proc {
 	requireSandbox(t)
 	p := &proc{
 		stateDir: filepath.Join(t.TempDir(), "state"),
-		stderr:   &syncBuffer{},
+		stderr:   &testenv.SyncBuffer{},
 		lines:    make(chan []byte, 16),
 		done:     make(chan struct{}),
 	}
@@ -212,7 +212,7 @@ func execRequest(id any, code string) string {
 func TestBinaryStdio(t *testing.T) {
 	requireSandbox(t)
 	stateDir := filepath.Join(t.TempDir(), "state")
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	cmd := exec.Command(binaryPath(t), "serve")
 	cmd.Env = serverEnv(stateDir, "MCP_EXEC_AUDIT_LOG=-")
 	cmd.Stderr = &stderr
@@ -683,31 +683,13 @@ func TestBinarySandboxUnavailable(t *testing.T) {
 	assertGone(t, stateDir, "")
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer and readers at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // With the pool on, calls find their sandbox prepared ahead, each is used
 // once (no file of one call is seen by the next), and the server's exit
 // leaves nothing, the prepared sandboxes included.
 func TestBinaryPool(t *testing.T) {
 	requireSandbox(t)
 	stateDir := filepath.Join(t.TempDir(), "state")
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	cmd := exec.Command(binaryPath(t), "serve", "-v")
 	cmd.Env = serverEnv(stateDir, "MCP_EXEC_POOL_SIZE=2")
 	cmd.Stderr = &stderr

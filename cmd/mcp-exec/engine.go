@@ -16,10 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	securejoin "github.com/cyphar/filepath-securejoin"
-	"github.com/google/uuid"
-	"golang.org/x/sys/unix"
-
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
 	"github.com/inhuman/mcp-exec/policy"
@@ -31,6 +27,7 @@ import (
 // engine wires rootfs, bundle and runtime together: it is the server's
 // Engine and what the run subcommand calls.
 type engine struct {
+	set           settings
 	rt            runtime.Runtime
 	bundleCfg     bundle.Config
 	pythonVersion string
@@ -42,8 +39,6 @@ type engine struct {
 	// on one prepared for the call.
 	pool *runtime.Pool
 	log  *slog.Logger
-	// sessions configures each persistent session's sandbox.
-	sessions runtime.SessionConfig
 	// watch sees any change to the served rootfs (and packages dir):
 	// calls are refused from then on (checkRootfs).
 	watch       *rootfs.Watcher
@@ -56,110 +51,39 @@ type engine struct {
 
 // newEngine creates the runtime (refusing when the host cannot give the
 // full sandbox) and opens the rootfs, proven in that runtime's sandboxes.
+// What it takes of the configuration it takes once, here (settingsOf).
 func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, retErr error) {
 	defer func() { retErr = named(retErr) }()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	e := &engine{set: settingsOf(cfg, log), log: log}
 	if err := egressUnavailable(cfg); err != nil {
 		return nil, err
 	}
-	rt, why, err := newRuntime(cfg, log)
-	if err != nil {
-		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
+	if err := e.start(ctx); err != nil {
+		return nil, err
 	}
-	defer func() {
-		if retErr != nil {
-			rt.Close()
-		}
-	}()
-	s := &engine{rt: rt, log: log, sessions: runtime.SessionConfig{Background: cfg.PersistentBackground}}
-	s.pool = s.newPool(0, false)
-	defer func() {
-		if retErr != nil {
-			s.pool.Close()
-		}
-	}()
-	if p, ok := rt.(*runtime.ProcessRuntime); ok {
-		// Said once, with why auto chose it: the reason is long.
-		iso := p.Isolation()
-		s.note = expandFields(processNote(cfg.Runtime, why, iso))
-		log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
-			"configured", cfg.Runtime, "runtime", rt.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
-		return s, s.startProcess(ctx, cfg)
-	}
-	if cfg.Runtime == runtime.Auto {
-		log.Info("runtime chosen", "configured", cfg.Runtime, "runtime", rt.Kind(), "why", why)
-	}
-	start := time.Now()
-	root, err := rootfs.Open(ctx, rootfsSource(cfg), func(ctx context.Context, t rootfs.Trial) (string, error) {
-		return s.prove(ctx, cfg, t)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
-	}
-	log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
-	s.contents, s.pythonVersion = root.Contents, root.PythonVersion
-	s.bundleCfg = s.bundleConfig(cfg, root)
-	if err := s.watchRootfs(cfg, root); err != nil {
-		return nil, fmt.Errorf("the sandbox cannot start: %w", err)
-	}
-	return s, nil
+	return e, nil
 }
 
-// watchRootfs watches the rootfs every sandbox binds, and the packages
-// dir, for changes made on the host while the server serves them.
-func (s *engine) watchRootfs(cfg config, root rootfs.Root) error {
-	s.mounts = map[string]string{root.Dir: "/"}
-	dirs := []string{root.Dir}
-	if cfg.PackagesDir != "" && root.PackagesMount != "" {
-		s.mounts[cfg.PackagesDir] = root.PackagesMount
-		dirs = append(dirs, cfg.PackagesDir)
-	}
-	w, err := rootfs.Watch(dirs...)
-	if err != nil {
-		return err
-	}
-	s.watch = w
-	return nil
+// settings are what the engine takes of the configuration, in the forms
+// the packages below it take: the runtime's, the rootfs', and what every
+// sandbox's bundle shares but its rootfs.
+type settings struct {
+	kind     runtime.Kind // as configured: auto, or one
+	runtime  runtime.Config
+	source   rootfs.Source
+	limits   policy.Limits
+	caps     policy.CallCaps
+	sessions runtime.SessionConfig
+	// unused are the rootfs settings set, which the process runtime does
+	// not use: it runs the host's interpreter.
+	unused [][2]string
 }
 
-// checkRootfs refuses a call once a file of the served rootfs changed:
-// its code would run on files nobody proved. The caller is told which
-// file, as the sandbox names it; the log says which on the host, and how
-// to serve again.
-func (s *engine) checkRootfs() error {
-	ce := s.rootfsChanged()
-	if ce == nil {
-		return nil
-	}
-	inside := filepath.Join(s.mounts[ce.Dir], ce.Rel)
-	return &server.RefusedError{Reason: fmt.Sprintf("the server refuses calls: a file of its Python rootfs changed while it serves it (%s %s); "+
-		"the operator must restart the server, which proves the rootfs again", inside, ce.What)}
-}
-
-// rootfsChanged is the first change to the served rootfs, or nil; the
-// first time it is seen, the log says which file and what to do.
-func (s *engine) rootfsChanged() *rootfs.ChangedError {
-	if s.watch == nil {
-		return nil
-	}
-	var ce *rootfs.ChangedError
-	if !errors.As(s.watch.Changed(), &ce) {
-		return nil
-	}
-	s.changedOnce.Do(func() {
-		s.log.Error("a file of the rootfs changed while the server serves it: every call is refused from now on",
-			"change", ce.Error(),
-			"fix", "if the change is wanted, restart the server: it proves the rootfs again at start; a cached rootfs ("+
-				"under the cache dir) is never changed by mcp-exec: remove the changed generation and restart to rebuild it")
-	})
-	return ce
-}
-
-// newRuntime creates the runtime cfg names, and says why when auto chose it.
-func newRuntime(cfg config, log *slog.Logger) (runtime.Runtime, string, error) {
-	rtCfg := runtime.Config{
+func settingsOf(cfg config, log *slog.Logger) settings {
+	rt := runtime.Config{
 		StateDir:      cfg.StateDir,
 		Logger:        log,
 		RunscPath:     cfg.RunscPath,
@@ -171,29 +95,122 @@ func newRuntime(cfg config, log *slog.Logger) (runtime.Runtime, string, error) {
 	if cfg.Shell {
 		// The process runtime runs the host's own tools where a container
 		// has busybox's.
-		rtCfg.Executables = []string{"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"}
+		rt.Executables = []string{"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin"}
 	}
-	if cfg.Runtime == runtime.Auto {
-		return runtime.NewAuto(rtCfg)
+	var unused [][2]string
+	for _, v := range [][2]string{{"MCP_EXEC_ROOTFS", cfg.Rootfs}, {"MCP_EXEC_ROOTFS_IMAGE", cfg.RootfsImage}, {"MCP_EXEC_PACKAGES_DIR", cfg.PackagesDir}} {
+		if v[1] != "" {
+			unused = append(unused, v)
+		}
 	}
-	rt, err := runtime.New(cfg.Runtime, rtCfg)
-	return rt, "", err
+	return settings{kind: cfg.Runtime, runtime: rt, limits: cfg.Limits, caps: cfg.CallCaps, unused: unused,
+		source: rootfs.Source{Dir: cfg.Rootfs, Image: cfg.RootfsImage, Python: cfg.Python,
+			Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir, CacheDir: cfg.CacheDir},
+		sessions: runtime.SessionConfig{Background: cfg.PersistentBackground}}
 }
 
-// rootfsSource is which rootfs cfg asks for.
-func rootfsSource(cfg config) rootfs.Source {
-	return rootfs.Source{Dir: cfg.Rootfs, Image: cfg.RootfsImage, Python: cfg.Python,
-		Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir, CacheDir: cfg.CacheDir}
+// start creates the runtime and readies its sandboxes: the process
+// runtime's on the host's interpreter, a container's on the rootfs it
+// opens.
+func (e *engine) start(ctx context.Context) (retErr error) {
+	rt, why, err := newRuntime(e.set.kind, e.set.runtime)
+	if err != nil {
+		return fmt.Errorf("the sandbox cannot start: %w", err)
+	}
+	defer func() {
+		if retErr != nil {
+			rt.Close()
+		}
+	}()
+	e.rt = rt
+	if p, ok := rt.(*runtime.ProcessRuntime); ok {
+		return e.startProcess(ctx, p, why)
+	}
+	if e.set.kind == runtime.Auto {
+		e.log.Info("runtime chosen", "configured", e.set.kind, "runtime", rt.Kind(), "why", why)
+	}
+	start := time.Now()
+	root, err := rootfs.Open(ctx, e.set.source, e.prove)
+	if err != nil {
+		return fmt.Errorf("the sandbox cannot start: %w", err)
+	}
+	e.log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
+	e.contents, e.pythonVersion = root.Contents, root.PythonVersion
+	e.bundleCfg = e.bundleConfig(root)
+	if err := e.watchRootfs(root); err != nil {
+		return fmt.Errorf("the sandbox cannot start: %w", err)
+	}
+	e.pool = e.newPool(0, false)
+	return nil
+}
+
+// watchRootfs watches the rootfs every sandbox binds, and the packages
+// dir, for changes made on the host while the server serves them.
+func (e *engine) watchRootfs(root rootfs.Root) error {
+	e.mounts = map[string]string{root.Dir: "/"}
+	dirs := []string{root.Dir}
+	if pd := e.set.source.PackagesDir; pd != "" && root.PackagesMount != "" {
+		e.mounts[pd] = root.PackagesMount
+		dirs = append(dirs, pd)
+	}
+	w, err := rootfs.Watch(dirs...)
+	if err != nil {
+		return err
+	}
+	e.watch = w
+	return nil
+}
+
+// checkRootfs refuses a call once a file of the served rootfs changed:
+// its code would run on files nobody proved. The caller is told which
+// file, as the sandbox names it; the log says which on the host, and how
+// to serve again.
+func (e *engine) checkRootfs() error {
+	ce := e.rootfsChanged()
+	if ce == nil {
+		return nil
+	}
+	inside := filepath.Join(e.mounts[ce.Dir], ce.Rel)
+	return &server.RefusedError{Reason: fmt.Sprintf("the server refuses calls: a file of its Python rootfs changed while it serves it (%s %s); "+
+		"the operator must restart the server, which proves the rootfs again", inside, ce.What)}
+}
+
+// rootfsChanged is the first change to the served rootfs, or nil; the
+// first time it is seen, the log says which file and what to do.
+func (e *engine) rootfsChanged() *rootfs.ChangedError {
+	if e.watch == nil {
+		return nil
+	}
+	var ce *rootfs.ChangedError
+	if !errors.As(e.watch.Changed(), &ce) {
+		return nil
+	}
+	e.changedOnce.Do(func() {
+		e.log.Error("a file of the rootfs changed while the server serves it: every call is refused from now on",
+			"change", ce.Error(),
+			"fix", "if the change is wanted, restart the server: it proves the rootfs again at start; a cached rootfs ("+
+				"under the cache dir) is never changed by mcp-exec: remove the changed generation and restart to rebuild it")
+	})
+	return ce
+}
+
+// newRuntime creates the runtime of kind, and says why when auto chose it.
+func newRuntime(kind runtime.Kind, cfg runtime.Config) (runtime.Runtime, string, error) {
+	if kind == runtime.Auto {
+		return runtime.NewAuto(cfg)
+	}
+	rt, err := runtime.New(kind, cfg)
+	return rt, "", err
 }
 
 // prove runs what rootfs.Open asks in a sandbox of this engine: the start-up
 // probe, or the byte-compiling of an image.
-func (s *engine) prove(ctx context.Context, cfg config, t rootfs.Trial) (string, error) {
-	bc := s.bundleConfig(cfg, t.Root)
+func (e *engine) prove(ctx context.Context, t rootfs.Trial) (string, error) {
+	bc := e.bundleConfig(t.Root)
 	if t.Compile {
-		return "", s.compileImage(ctx, bc)
+		return "", e.compileImage(ctx, bc)
 	}
-	return s.validateRootfs(ctx, bc, t.Root.Contents.Modules, t.Preload)
+	return e.validateRootfs(ctx, bc, t.Root.Contents.Modules, t.Preload)
 }
 
 // compileImage byte-compiles an image's Python tree before it is cached:
@@ -203,14 +220,14 @@ func (s *engine) prove(ctx context.Context, cfg config, t rootfs.Trial) (string,
 // /tmp/outputs (PYTHONPYCACHEPREFIX) and returned as output files, which
 // are then put where the interpreter looks for them: the image's files
 // stay read-only to the sandbox and nothing of the image runs on the host.
-func (s *engine) compileImage(ctx context.Context, bc bundle.Config) error {
+func (e *engine) compileImage(ctx context.Context, bc bundle.Config) error {
 	bc.Limits.MemoryBytes = max(bc.Limits.MemoryBytes, 1<<30)
 	bc.Limits.TmpfsBytes = 768 << 20
 	bc.Limits.CPUs = max(bc.Limits.CPUs, 2)
 	bc.MaxFiles, bc.MaxFileBytes = 50000, 512<<20
 	bc.Env = append(bc.Env, "PYTHONPYCACHEPREFIX="+policy.OutputsDir)
 	code := "import compileall\ncompileall.compile_path(skip_curdir=True, quiet=2)\n"
-	res, err := s.runWith(ctx, bc, runtime.Request{Code: []byte(code), Timeout: 10 * time.Minute, MaxOutputBytes: 64 << 10})
+	res, err := runtime.Run(ctx, e.rt, bc, runtime.Request{Code: []byte(code), Timeout: 10 * time.Minute, MaxOutputBytes: 64 << 10})
 	if err != nil {
 		return fmt.Errorf("byte-compiling the image in a sandbox: %w", err)
 	}
@@ -218,50 +235,15 @@ func (s *engine) compileImage(ctx context.Context, bc bundle.Config) error {
 		return fmt.Errorf("byte-compiling the image in a sandbox: exit %d, timed out %v, output cut %v: %s",
 			res.ExitCode, res.TimedOut, res.FilesTruncated, lastLines(res.Stderr, 3))
 	}
-	n, err := placeBytecode(bc.Rootfs, res.Files)
-	s.log.Debug("byte-compiled the image", "files", n)
+	n, err := rootfs.PlaceBytecode(bc.Rootfs, func(yield func(string, []byte) bool) {
+		for _, f := range res.Files {
+			if !yield(f.Path, f.Data) {
+				return
+			}
+		}
+	})
+	e.log.Debug("byte-compiled the image", "files", n)
 	return err
-}
-
-// placeBytecode puts each file compiled under a PYTHONPYCACHEPREFIX where
-// the interpreter looks without one: <prefix>/a/b/m.cpython-312.pyc is
-// a/b/__pycache__/m.cpython-312.pyc, next to a/b/m.py.
-func placeBytecode(root string, files []runtime.File) (int, error) {
-	n := 0
-	for _, f := range files {
-		d, name := filepath.Split(f.Path)
-		if !strings.HasSuffix(name, ".pyc") || strings.Count(name, ".") < 2 {
-			continue
-		}
-		src := filepath.Join("/", d, name[:strings.IndexByte(name, '.')]+".py")
-		srcPath, err := securejoin.SecureJoin(root, src)
-		if err != nil {
-			return n, err
-		}
-		if fi, err := os.Lstat(srcPath); err != nil || !fi.Mode().IsRegular() {
-			continue // not beside a source file of the image
-		}
-		cache := filepath.Join(filepath.Dir(srcPath), "__pycache__")
-		if err := os.Mkdir(cache, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return n, fmt.Errorf("placing bytecode: %w", err)
-		}
-		if fi, err := os.Lstat(cache); err != nil || !fi.IsDir() {
-			continue
-		}
-		out, err := os.OpenFile(filepath.Join(cache, name), os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o644)
-		if err != nil {
-			return n, fmt.Errorf("placing bytecode: %w", err)
-		}
-		_, werr := out.Write(f.Data)
-		if cerr := out.Close(); werr == nil {
-			werr = cerr
-		}
-		if werr != nil {
-			return n, fmt.Errorf("placing bytecode: %w", werr)
-		}
-		n++
-	}
-	return n, nil
 }
 
 // processNote is the tool description's paragraph about the process
@@ -289,50 +271,53 @@ func missingNames(ms []host.Missing) string {
 }
 
 // startProcess readies the process runtime: the host's interpreter, its
-// packages, and the matplotlib backend beside them.
-func (s *engine) startProcess(ctx context.Context, cfg config) error {
-	for _, v := range []struct{ name, value string }{{"MCP_EXEC_ROOTFS", cfg.Rootfs}, {"MCP_EXEC_ROOTFS_IMAGE", cfg.RootfsImage}, {"MCP_EXEC_PACKAGES_DIR", cfg.PackagesDir}} {
-		if v.value != "" {
-			s.log.Info("not used by the process runtime, which runs the host's interpreter", "setting", v.name, "value", v.value)
-		}
+// packages, and the matplotlib backend beside them, in the runtime's dir.
+func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, why string) error {
+	// Said once, with why auto chose it: the reason is long.
+	iso := p.Isolation()
+	e.note = expandFields(processNote(e.set.kind, why, iso))
+	e.log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
+		"configured", e.set.kind, "runtime", p.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
+	for _, v := range e.set.unused {
+		e.log.Info("not used by the process runtime, which runs the host's interpreter", "setting", v[0], "value", v[1])
 	}
-	py, err := rootfs.FindPython(ctx, cfg.Python)
+	py, err := rootfs.FindPython(ctx, e.set.source.Python)
 	if err != nil {
 		return fmt.Errorf("the sandbox cannot start: finding python ({Python}): %w", err)
 	}
-	if s.contents, err = rootfs.Describe(py, cfg.rootfsOptions()); err != nil {
+	if e.contents, err = rootfs.Describe(py, e.set.source.Options); err != nil {
 		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
-	s.bundleCfg = s.bundleConfig(cfg, rootfs.Root{Dir: "/", Python: py.Path, Contents: s.contents})
-	if slices.Contains(s.contents.Modules, "matplotlib") {
-		lib := filepath.Join(s.rt.BundleDir(), "lib")
+	e.bundleCfg = e.bundleConfig(rootfs.Root{Dir: "/", Python: py.Path, Contents: e.contents})
+	if slices.Contains(e.contents.Modules, "matplotlib") {
+		lib := filepath.Join(p.Dir(), "lib")
 		if err := os.Mkdir(lib, 0o755); err != nil {
 			return fmt.Errorf("the sandbox cannot start: %w", err)
 		}
 		if err := rootfs.WriteMatplotlibBackend(lib); err != nil {
 			return fmt.Errorf("the sandbox cannot start: %w", err)
 		}
-		s.bundleCfg.Env = append(s.bundleCfg.Env, "PYTHONPATH="+lib)
+		e.bundleCfg.Env = append(e.bundleCfg.Env, "PYTHONPATH="+lib)
 	}
-	s.pythonVersion, err = s.validateRootfs(ctx, s.bundleCfg, s.contents.Modules, nil)
+	e.pythonVersion, err = e.validateRootfs(ctx, e.bundleCfg, e.contents.Modules, nil)
 	if err != nil {
 		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
+	e.pool = e.newPool(0, false)
 	return nil
 }
 
 // bundleConfig is what every sandbox of this engine on root shares.
-func (s *engine) bundleConfig(cfg config, root rootfs.Root) bundle.Config {
+func (e *engine) bundleConfig(root rootfs.Root) bundle.Config {
 	bc := bundle.Config{
 		Rootfs:   root.Dir,
 		Python:   root.Python,
-		Limits:   cfg.Limits,
-		InitDir:  s.rt.InitDir(),
-		CallCaps: cfg.CallCaps,
-		Env:      append(threadEnv(cfg.Limits.CPUs), root.Contents.Env...),
+		Limits:   e.set.limits,
+		CallCaps: e.set.caps,
+		Env:      append(threadEnv(e.set.limits.CPUs), root.Contents.Env...),
 	}
-	if cfg.PackagesDir != "" && root.PackagesMount != "" {
-		bc.PackagesDir, bc.PackagesMount = cfg.PackagesDir, root.PackagesMount
+	if pd := e.set.source.PackagesDir; pd != "" && root.PackagesMount != "" {
+		bc.PackagesDir, bc.PackagesMount = pd, root.PackagesMount
 	}
 	return bc
 }
@@ -350,7 +335,7 @@ const preloadPrefix = "MCP_EXEC_PRELOAD"
 // validateRootfs runs the interpreter inside a real sandbox and returns its
 // version: a rootfs that cannot run Python there, or import what it is said
 // to hold, is refused.
-func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules, preload []string) (string, error) {
+func (e *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules, preload []string) (string, error) {
 	// The preloads are imported by the interpreter's start, before the
 	// probe's first line; site only warns when one fails.
 	probe := "import sys\n"
@@ -370,7 +355,7 @@ func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
 		probe += "import " + m + "\n"
 	}
 	probe += "print('%d.%d.%d' % sys.version_info[:3])\n"
-	res, err := s.runWith(ctx, bcfg, runtime.Request{Code: []byte(probe), Timeout: 120 * time.Second, MaxOutputBytes: 64 << 10})
+	res, err := runtime.Run(ctx, e.rt, bcfg, runtime.Request{Code: []byte(probe), Timeout: 120 * time.Second, MaxOutputBytes: 64 << 10})
 	if err != nil {
 		return "", err
 	}
@@ -388,7 +373,7 @@ func (s *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
 // configuration: a fixed number, or adaptive up to the concurrency. With
 // none (0, and until it is called), calls still run through a pool, which
 // prepares each one's sandbox on its time.
-func (s *engine) startPool(cfg config) {
+func (e *engine) startPool(cfg config) {
 	if cfg.PoolSize == 0 {
 		return
 	}
@@ -396,34 +381,32 @@ func (s *engine) startPool(cfg config) {
 	if cfg.PoolSize < 0 {
 		size, adaptive = cfg.MaxConcurrency, true
 	}
-	s.pool.Close() // the empty one newEngine made: it holds nothing
-	s.pool = s.newPool(size, adaptive)
+	e.pool.Close() // the empty one newEngine made: it holds nothing
+	e.pool = e.newPool(size, adaptive)
 }
 
 // newPool makes a pool of this engine's sandboxes. Forked ones are cheap
 // enough to keep one more ready than the calls of the last minute needed.
-func (s *engine) newPool(size int, adaptive bool) *runtime.Pool {
+func (e *engine) newPool(size int, adaptive bool) *runtime.Pool {
 	spare := 0
-	if lc, ok := s.rt.(*runtime.LibcontainerRuntime); ok && adaptive && lc.Forking().Enabled {
+	if lc, ok := e.rt.(*runtime.LibcontainerRuntime); ok && adaptive && lc.Forking().Enabled {
 		spare = 1
 	}
-	return runtime.NewPool(runtime.PoolConfig{Size: size, Adaptive: adaptive, Spare: spare, Logger: s.log,
-		Prepare: func(ctx context.Context, ahead bool) (runtime.Sandbox, error) {
-			cfg := s.bundleCfg
-			cfg.Ahead = ahead
-			return s.prepare(ctx, cfg)
-		}})
+	return runtime.NewPool(runtime.PoolConfig{Runtime: recording{e.rt, e}, Config: e.bundleCfg,
+		Size: size, Adaptive: adaptive, Spare: spare, Logger: e.log})
 }
 
-// prepare makes one sandbox ready for a call.
-func (s *engine) prepare(ctx context.Context, bcfg bundle.Config) (runtime.Sandbox, error) {
-	b, err := bundle.New(s.rt.BundleDir(), bcfg, uuid.NewString())
-	if err != nil {
-		return nil, fmt.Errorf("%w: creating bundle: %w", runtime.ErrSandbox, err)
-	}
-	sb, err := s.rt.Prepare(ctx, b)
+// recording is the engine's runtime as its pool sees it: the outcome of
+// each preparation is kept, for the readiness (ready).
+type recording struct {
+	runtime.Runtime
+	e *engine
+}
+
+func (r recording) Prepare(ctx context.Context, cfg bundle.Config) (runtime.Sandbox, error) {
+	sb, err := r.Runtime.Prepare(ctx, cfg)
 	if ctx.Err() == nil {
-		s.prepared.Store(&prepareOutcome{at: time.Now(), err: err})
+		r.e.prepared.Store(&prepareOutcome{at: time.Now(), err: err})
 	}
 	return sb, err
 }
@@ -431,24 +414,24 @@ func (s *engine) prepare(ctx context.Context, bcfg bundle.Config) (runtime.Sandb
 // Run runs one call in a fresh sandbox, through the pool: one prepared
 // ahead when there is one, else one prepared now. Either is used for
 // this call only and torn down after it, off the call's time.
-func (s *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
-	if err := s.checkRootfs(); err != nil {
+func (e *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	if err := e.checkRootfs(); err != nil {
 		return runtime.Result{}, err
 	}
-	res, err := s.pool.Run(ctx, req)
+	res, err := e.pool.Run(ctx, req)
 	return res, named(err)
 }
 
 // NewSession makes a persistent session's sandbox, through the pool.
-func (s *engine) NewSession(ctx context.Context) (server.Session, error) {
-	if err := s.checkRootfs(); err != nil {
+func (e *engine) NewSession(ctx context.Context) (server.Session, error) {
+	if err := e.checkRootfs(); err != nil {
 		return nil, err
 	}
-	sess, err := s.pool.NewSession(ctx, s.sessions)
+	sess, err := e.pool.NewSession(ctx, e.set.sessions)
 	if err != nil {
 		return nil, named(err)
 	}
-	return engineSession{sess, s}, nil
+	return engineSession{sess, e}, nil
 }
 
 // engineSession names the settings in a session's errors, as Run does,
@@ -467,30 +450,22 @@ func (s engineSession) Run(ctx context.Context, req runtime.Request) (runtime.Re
 }
 
 // Info describes the sandbox for the tool description.
-func (s *engine) Info() server.EngineInfo {
-	return server.EngineInfo{Runtime: string(s.rt.Kind()), PythonVersion: s.pythonVersion,
-		Modules: s.contents.Modules, Shell: s.contents.Shell, Note: s.note}
+func (e *engine) Info() server.EngineInfo {
+	return server.EngineInfo{Runtime: string(e.rt.Kind()), PythonVersion: e.pythonVersion,
+		Modules: e.contents.Modules, Shell: e.contents.Shell, Note: e.note}
 }
 
-func (s *engine) runWith(ctx context.Context, bcfg bundle.Config, req runtime.Request) (runtime.Result, error) {
-	b, err := bundle.New(s.rt.BundleDir(), bcfg, uuid.NewString())
-	if err != nil {
-		return runtime.Result{}, fmt.Errorf("%w: creating bundle: %w", runtime.ErrSandbox, err)
-	}
-	return runtime.Run(ctx, s.rt, b, req)
-}
-
-func (s *engine) close() error {
+func (e *engine) close() error {
 	// The rootfs this server used was used until now: the cache's bound
 	// removes the least recently used first.
 	defer rootfs.TouchHeld()
-	if s.pool != nil {
-		s.pool.Close()
+	if e.pool != nil {
+		e.pool.Close()
 	}
-	if s.watch != nil {
-		s.watch.Close()
+	if e.watch != nil {
+		e.watch.Close()
 	}
-	return s.rt.Close()
+	return e.rt.Close()
 }
 
 func lastLines(b []byte, n int) string {
@@ -516,11 +491,11 @@ const unreadyAfterFailure = 30 * time.Second
 // ready says whether calls can run now, for GET /readyz (no host path:
 // it answers anyone): the rootfs is as proved, and the newest sandbox
 // preparation, if any, did not fail just now.
-func (s *engine) ready() error {
-	if s.rootfsChanged() != nil {
+func (e *engine) ready() error {
+	if e.rootfsChanged() != nil {
 		return errors.New("a file of the rootfs changed while the server serves it; it refuses calls until it is restarted (its log names the file)")
 	}
-	if p := s.prepared.Load(); p != nil && p.err != nil && time.Since(p.at) < unreadyAfterFailure {
+	if p := e.prepared.Load(); p != nil && p.err != nil && time.Since(p.at) < unreadyAfterFailure {
 		return errors.New("the newest sandbox could not start (its log says why)")
 	}
 	return nil

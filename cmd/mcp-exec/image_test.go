@@ -253,7 +253,7 @@ func TestBinaryBatteries(t *testing.T) {
 	}
 	for _, kind := range []string{"libcontainer", "runsc"} {
 		t.Run(kind, func(t *testing.T) {
-			var stderr syncBuffer
+			var stderr testenv.SyncBuffer
 			cmd := exec.Command(binaryPath(t), "serve")
 			cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), "MCP_EXEC_RUNTIME="+kind,
 				"MCP_EXEC_PACKAGES=numpy,pandas,matplotlib,pillow,pyyaml,jinja2", "MCP_EXEC_SHELL=true")
@@ -343,9 +343,9 @@ func TestBinaryPreload(t *testing.T) {
 		}
 	})
 
-	modules := func(env []string, code string, wantPooled bool) (map[string]bool, *mcp.ClientSession, *syncBuffer) {
+	modules := func(env []string, code string, wantPooled bool) (map[string]bool, *mcp.ClientSession, *testenv.SyncBuffer) {
 		t.Helper()
-		stderr := &syncBuffer{}
+		stderr := &testenv.SyncBuffer{}
 		cmd := exec.Command(binaryPath(t), "serve", "-v")
 		cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), env...)
 		cmd.Stderr = stderr

@@ -10,6 +10,10 @@ import (
 	_ "github.com/opencontainers/runc/libcontainer/nsenter"
 
 	"github.com/inhuman/mcp-exec/runtime"
+	// The sandbox's init, the slot holders, the probe and the killer: a C
+	// constructor that runs before the Go runtime starts, and does nothing
+	// unless this binary was started as one of them.
+	_ "github.com/inhuman/mcp-exec/runtime/sandboxinit"
 )
 
 // libcontainer re-executes this binary as "mcp-exec init" to become the
@@ -19,7 +23,7 @@ func init() {
 		libcontainer.Init()
 	}
 	// The instance's watchdog is this binary too (the sandbox's init and
-	// the user namespace holders run before Go does: runtime/sandboxinit.c).
+	// the user namespace holders run before Go does: runtime/sandboxinit).
 	runtime.RunWatchdogIfAsked()
 	// libcontainer joins each new container's mount namespace from a
 	// goroutine locked to its thread, and lets the thread die with it. Go

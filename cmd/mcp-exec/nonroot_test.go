@@ -226,7 +226,7 @@ func TestAutoFallsBackToProcess(t *testing.T) {
 	cmd := exec.Command(wrappers[0].argv[0], append(wrappers[0].argv[1:], bin, "serve")...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + filepath.Join(dir, "home"), "TMPDIR=" + tmp,
 		"MCP_EXEC_RUNTIME=auto", "MCP_EXEC_AUTH_TOKEN=not-for-the-code-0123456789", "MCP_EXEC_POOL_SIZE=0"}
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	cmd.Stderr = &stderr
 	ctx := context.Background()
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)

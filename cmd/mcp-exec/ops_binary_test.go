@@ -20,8 +20,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -32,31 +30,6 @@ import (
 // Operations tests of the built binary: what an operator scrapes, probes,
 // reads in the log and receives as traces, with real Python in real
 // sandboxes.
-
-// scrapeMetrics gets url with the token (if any) and parses it with
-// Prometheus' own text parser.
-func scrapeMetrics(t *testing.T, url, token string) (map[string]*dto.MetricFamily, string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s\n%.500s", url, resp.Status, body)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("GET %s: not Prometheus' text format: %v", url, err)
-	}
-	return families, string(body)
-}
 
 // metric is the value of the series of family name whose labels include
 // want (a histogram's count); -1 when there is none.
@@ -131,7 +104,7 @@ func TestBinaryMetricsAfterMixedRun(t *testing.T) {
 		errc <- err
 	}()
 	testenv.Eventually(t, "the long call to hold the slot", func() bool {
-		f, _ := scrapeMetrics(t, base+"/metrics", testToken)
+		f, _ := testenv.Scrape(t, base+"/metrics", testToken)
 		return metric(f, "mcp_exec_slots_in_use", nil) == 1
 	})
 	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"code": "print(1)"}})
@@ -143,7 +116,7 @@ func TestBinaryMetricsAfterMixedRun(t *testing.T) {
 	var families map[string]*dto.MetricFamily
 	var body string
 	testenv.Eventually(t, "the cancelled call counted", func() bool {
-		families, body = scrapeMetrics(t, base+"/metrics", testToken)
+		families, body = testenv.Scrape(t, base+"/metrics", testToken)
 		return metric(families, "mcp_exec_calls_total", map[string]string{"verdict": "cancelled"}) == 1
 	})
 	for verdict, want := range map[string]float64{"ok": 2, "exit_nonzero": 1, "timeout": 1, "oom": 1, "pids": 1,
@@ -220,13 +193,13 @@ func TestBinaryOpsListenerAndJSONLog(t *testing.T) {
 	// Cancelled by the client while it runs.
 	p.send(t, execRequest(3, "import time; time.sleep(60)"))
 	testenv.Eventually(t, "the call to run", func() bool {
-		f, _ := scrapeMetrics(t, base+"/metrics", "")
+		f, _ := testenv.Scrape(t, base+"/metrics", "")
 		return metric(f, "mcp_exec_slots_in_use", nil) == 1
 	})
 	p.send(t, `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}`)
 	var families map[string]*dto.MetricFamily
 	testenv.Eventually(t, "the cancelled call counted", func() bool {
-		families, _ = scrapeMetrics(t, base+"/metrics", "")
+		families, _ = testenv.Scrape(t, base+"/metrics", "")
 		return metric(families, "mcp_exec_calls_total", map[string]string{"verdict": "cancelled"}) == 1
 	})
 	if got := metric(families, "mcp_exec_calls_total", map[string]string{"verdict": "ok"}); got != 1 {
@@ -322,7 +295,7 @@ func TestBinaryReadyzAfterRootfsChange(t *testing.T) {
 	if code != http.StatusServiceUnavailable || !strings.Contains(b, "rootfs changed") || strings.Contains(b, root) {
 		t.Errorf("/readyz after the change = %d %q, want 503 saying the rootfs changed, without the host path", code, b)
 	}
-	f, _ := scrapeMetrics(t, base+"/metrics", testToken)
+	f, _ := testenv.Scrape(t, base+"/metrics", testToken)
 	if metric(f, "mcp_exec_rootfs_changed", nil) != 1 || metric(f, "mcp_exec_ready", nil) != 0 {
 		t.Errorf("metrics after the change: rootfs_changed %v ready %v, want 1 and 0",
 			metric(f, "mcp_exec_rootfs_changed", nil), metric(f, "mcp_exec_ready", nil))
@@ -373,7 +346,7 @@ func TestBinaryTraces(t *testing.T) {
 	collector := httptest.NewServer(&recv)
 	defer collector.Close()
 	stateDir := filepath.Join(t.TempDir(), "state")
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	cmd := exec.Command(binaryPath(t), "serve")
 	cmd.Env = serverEnv(stateDir, "OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_SERVICE_NAME=mcp-exec-test")
 	cmd.Stderr = &stderr

@@ -49,7 +49,7 @@ var processModes = []processMode{
 // runtime, its calls' dirs under tmp.
 type processServer struct {
 	cs     *mcp.ClientSession
-	stderr *syncBuffer
+	stderr *testenv.SyncBuffer
 	tmp    string
 	cmd    *exec.Cmd
 }
@@ -77,7 +77,7 @@ func startProcessServer(t *testing.T, m processMode, env ...string) *processServ
 	cmd.Env = append([]string{"PATH=/usr/bin:/bin", "HOME=" + filepath.Join(dir, "home"), "TMPDIR=" + tmp,
 		"MCP_EXEC_RUNTIME=process", "MCP_EXEC_AUTH_TOKEN=" + processToken, "MCP_EXEC_POOL_SIZE=0",
 		"MCP_EXEC_STATE_DIR=" + filepath.Join(dir, "state"), "MCP_EXEC_PROCESS_NAMESPACES=" + strconv.FormatBool(m.ns)}, env...)
-	stderr := &syncBuffer{}
+	stderr := &testenv.SyncBuffer{}
 	cmd.Stderr = stderr
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "1"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil && strings.Contains(stderr.String(), "refuses the process runtime namespaces") {

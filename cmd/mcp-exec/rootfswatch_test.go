@@ -38,7 +38,7 @@ func TestBinaryRootfsChangedIsRefused(t *testing.T) {
 	}
 	inside := strings.TrimPrefix(mods[0], root)
 
-	var stderr syncBuffer
+	var stderr testenv.SyncBuffer
 	cmd := exec.Command(binaryPath(t), "serve")
 	cmd.Env = serverEnv(filepath.Join(tmp, "state"), "MCP_EXEC_ROOTFS="+root)
 	cmd.Stderr = &stderr

@@ -34,6 +34,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // privileged is the recipe `mcp-exec doctor` prints for running the full
@@ -554,7 +556,7 @@ func startStdioNamed(t *testing.T, name string, args []string) *mcp.ClientSessio
 	if err != nil {
 		t.Fatal(err)
 	}
-	stderr := &syncBuffer{}
+	stderr := &testenv.SyncBuffer{}
 	cmd := exec.Command("podman", argv...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, stderr
 	if err := cmd.Start(); err != nil {
@@ -754,22 +756,4 @@ func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set(h.header, h.value)
 	return h.base.RoundTrip(r)
-}
-
-// syncBuffer collects a child's stderr while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,14 +1,14 @@
-// The sandbox's init: pid 1 of a container, or, in the process runtime, a
-// process of the server's machine that is its code's subreaper. It runs
-// from an ELF constructor, before the Go runtime starts, when this very
-// executable (bound read-only into the sandbox) is started with INIT_ARG.
-// Static and free of the Go runtime, it starts in well under a millisecond
-// in any root filesystem, starts no threads and keeps its memory small.
+// The init's one loop, and its handlers: the sandbox's init, pid 1 of a
+// container, or, in the process runtime, a process of the server's
+// machine that is its code's subreaper; and a forked sandbox's init, which
+// its template's init forks (init_forked.c). Both begin here (init_begin),
+// start or take their code's process, and serve their call here
+// (init_serve); main.c's dispatch and forked_init say which.
 //
-// Its shape is tini's and catatonit's: main is a list of named steps, then
-// one loop that polls what is open in the current phase and dispatches
-// each event to its handler. The protocol (frames, configuration keys) is
-// runtime/initproto.go's, rendered into initproto.h.
+// Its shape is tini's and catatonit's: a list of named steps, then one
+// loop that polls what is open in the current phase and dispatches each
+// event to its handler. The protocol (frames, configuration keys) is
+// runtime/initproto's, rendered into initproto.h.
 #include "init.h"
 
 #include <errno.h>
@@ -881,50 +881,39 @@ static void finish(struct init *in) {
 	frame(I_DONE, NULL, 0);
 }
 
-// sandbox_init is the init of a container, of the process runtime, or of
-// a template (which only forks: init_template.c).
-static int sandbox_init(void) {
-	struct init in = {.stdin_w = -1, .fifo = -1, .ino = -1, .ctl = -1, .cellw = -1, .feed_fd = -1, .status_fd = -1, .phase = STARTING};
-	guard(&in);
-	configure(&in);
-	catch_signals(&in);
-	if (in.c.template_mode)
-		template_serve(&in.c, in.sfd);
-	if (in.c.namespaces)
-		setup_namespaces(&in.c);
-	prepare_script(&in);
-	start_code(&in);
-	serve(&in);
-	finish(&in);
-	return 0;
+// the_init is this process's init: one a process.
+static struct init the_init;
+
+// init_begin makes this process an init: guarded, configured by the host,
+// its signals caught. forked: a forked sandbox's, with nprocs cgroup.procs
+// files of its call from FORKED_PROCS_FD.
+struct init *init_begin(int forked, int nprocs) {
+	struct init *in = &the_init;
+	*in = (struct init){.stdin_w = -1, .fifo = -1, .ino = -1, .ctl = -1, .cellw = -1, .feed_fd = -1, .status_fd = -1,
+			    .phase = STARTING, .forked = forked, .nprocs = nprocs};
+	guard(in);
+	configure(in);
+	catch_signals(in);
+	return in;
 }
 
-// forked_init is a forked sandbox's init: forked by its template's, pid 1
-// of the call's new namespaces, its descriptors in place. It makes them a
-// fresh container's first; its code's process is the zygote's.
-void forked_init(int nprocs) {
-	struct init in = {.stdin_w = -1, .fifo = -1, .ino = -1, .ctl = -1, .cellw = -1, .feed_fd = -1, .status_fd = -1,
-			  .phase = STARTING, .forked = 1, .nprocs = nprocs};
-	guard(&in);
-	configure(&in);
-	catch_signals(&in);
-	setup_forked(&in.c);
-	adopt_code(&in);
-	serve(&in);
-	finish(&in);
-	_exit(0);
+const struct config *init_config(const struct init *in) { return &in->c; }
+
+int init_signals(const struct init *in) { return in->sfd; }
+
+// init_start_code starts the code's interpreter, waiting for its code on
+// the script FIFO: a container's init, and the process runtime's.
+void init_start_code(struct init *in) {
+	prepare_script(in);
+	start_code(in);
 }
 
-__attribute__((constructor)) static void mcp_exec_reexec(int argc, char **argv, char **envp) {
-	(void)envp;
-	if (argc < 2 || argv == NULL || argv[1] == NULL)
-		return;
-	if (strcmp(argv[1], INIT_ARG) == 0)
-		_exit(sandbox_init());
-	if (strcmp(argv[1], HOLD_ARG) == 0)
-		_exit(userns_hold());
-	if (strcmp(argv[1], PROBE_ARG) == 0)
-		_exit(argc > 2 && argv[2] != NULL && strcmp(argv[2], PROBE_NAMESPACES) == 0 ? probe_namespaces() : probe_confinement());
-	if (strcmp(argv[1], KILL_ARG) == 0)
-		_exit(kill_own_uid());
+// init_adopt_code takes the code's process a forked sandbox's zygote made.
+void init_adopt_code(struct init *in) { adopt_code(in); }
+
+// init_serve serves the call until the code has ended and all of it is
+// sent: the verdict, the output files, done.
+void init_serve(struct init *in) {
+	serve(in);
+	finish(in);
 }

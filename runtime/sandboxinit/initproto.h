@@ -1,5 +1,5 @@
-// Code generated from runtime/initproto.go by TestInitProtocol; DO NOT EDIT.
-// The protocol between the runtime and the sandbox's init: see initproto.go.
+// Code generated from runtime/initproto by TestInitProtocol; DO NOT EDIT.
+// The protocol between the runtime and the sandbox's init: see runtime/initproto.
 #pragma once
 
 #define INIT_ARG             "__mcp_exec_init__"    // makes this executable the sandbox's init
@@ -39,7 +39,7 @@
 #define I_STDOUT             'O'                    // stdout bytes, within the cap
 #define I_STDERR             'E'                    // stderr bytes, within the cap
 #define I_EXIT               'X'                    // EXIT_FRAME_LEN bytes: the main process ended, every other is killed
-#define I_OUTFILE            'F'                    // u16 path length, path, u64 size, data
+#define I_OUTFILE            'B'                    // u16 path length, path, u64 size, data
 #define I_SKIPPED            'T'                    // an entry of outputs/ left out: u8 LEFT_ why, u64 size, path; bare: more than MAX_LEFT_OUT
 #define LEFT_COUNT           1                      // left out: the file count limit
 #define LEFT_BYTES           2                      // left out: the byte limit of the call's files

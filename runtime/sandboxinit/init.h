@@ -1,8 +1,25 @@
-// What the files of the sandbox's init share. The init is the program of
-// sandboxinit.c's main; each other file is one concern of it: frames and
-// buffers (init_io.c), its configuration (init_config.c), files in and out
-// (init_files.c), the process runtime's confinement (init_confine.c), and
-// the helpers that are not the init (init_helpers.c).
+// What the files of the sandbox's init share. The init program is C, run
+// by a constructor before Go starts; each file is one concern of it:
+//
+//   main.c           the constructor, and the dispatch by marker
+//   init_loop.c      an init's steps, its one loop and the handlers of
+//                    its events: a container's init and a forked one's
+//   init_template.c  a template's init: starts the zygote, forks calls
+//   init_forked.c    a forked sandbox's init: its namespaces made fresh
+//   init_fresh.c     /proc's masks, lo and capabilities in new namespaces
+//   init_check.c     a forked code process checked from outside
+//   init_confine.c   the process runtime's confinement and scratch bound
+//   init_config.c    the configuration, decoded from H_CONFIG
+//   init_files.c     files in and out, as the code's user
+//   init_io.c        frames and buffers
+//   init_userns.c    a call slot's user namespace, and ids mapped
+//   init_helpers.c   the probe and the killer, which are not the init
+//   initproto.h      the protocol, generated from runtime/initproto
+//
+// The interpreter's side is Python: driver.py runs a call's code as a
+// notebook cell, zygote.py makes a template's interpreter fork calls.
+// Calls between the files go one way: main.c at the top, init_template.c
+// to init_forked.c to init_loop.c, never back.
 #pragma once
 #define _GNU_SOURCE
 #include <stddef.h>
@@ -30,7 +47,7 @@ struct strv {
 };
 
 // config is the init's configuration, decoded from the host's H_CONFIG
-// frame: runtime's initConfig is its other side, field for field.
+// frame: runtime/initproto's Config is its other side, field for field.
 struct config {
 	uid_t uid;
 	gid_t gid;
@@ -115,18 +132,28 @@ int scratch_fd(const struct scratch *s);
 int scratch_timeout(const struct scratch *s, int period_ms);
 int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap);
 
-// init_forked.c
-void setup_forked(const struct config *c);
+// init_fresh.c
 void fresh_proc_paths(const struct config *c);
 void loopback(int mtu);
 void keep_caps(uint64_t keep);
+
+// init_check.c
 const char *check_confined(const struct config *c, pid_t pid);
+
+// init_loop.c: one init a process.
+struct init;
+struct init *init_begin(int forked, int nprocs);
+const struct config *init_config(const struct init *in);
+int init_signals(const struct init *in);
+void init_start_code(struct init *in);
+void init_adopt_code(struct init *in);
+void init_serve(struct init *in);
+
+// init_forked.c
+void forked_init(int nprocs) __attribute__((noreturn));
 
 // init_template.c
 void template_serve(const struct config *c, int sfd) __attribute__((noreturn));
-
-// sandboxinit.c
-void forked_init(int nprocs) __attribute__((noreturn));
 
 // init_userns.c
 int userns_hold(void);
