@@ -29,7 +29,7 @@ while True:
     time.sleep(1)`, withTimeout(4*time.Second))
 		// A session's code is interrupted first, and stops: its session
 		// lives on (the harness ends it, and then every process of it).
-		want, ended := 137, runtime.EndReason("")
+		want, ended := 137, runtime.SessionEnd("")
 		if h.session {
 			want = 130
 		}
