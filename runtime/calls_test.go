@@ -15,7 +15,7 @@ import (
 // codes and stdin, ordinary Python.
 
 func TestTimeoutKillsDetachedDescendants(t *testing.T) {
-	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeSession|modeFresh, func(t *testing.T, h *harness) {
 		start := time.Now()
 		res := h.mustRun(`import os, sys, time
 if os.fork() == 0:
@@ -148,7 +148,7 @@ if __name__ == "__main__":
 }
 
 func TestCancelKillsAtOnce(t *testing.T) {
-	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeSession|modeFresh, func(t *testing.T, h *harness) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(time.Second, cancel)
 		start := time.Now()
