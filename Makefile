@@ -27,11 +27,13 @@ $(BIN): $(shell find . \( -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*
 runsc:
 	bash .ci/install-runsc
 
-# vet also fails on unformatted files (gofmt -l prints them) and on a
+# vet also compiles the image test (built only under its tag), fails on
+# unformatted files (gofmt -l prints them) and on a
 # README performance figure docs/performance.md does not hold.
 vet:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags '$(TAGS)' ./...
+	$(GO) vet -tags '$(TAGS) imagetest' ./test/image/
 	$(GO) run ./test/docfigures
 
 # test runs everything: unit tests, real containers (root), and the MCP
