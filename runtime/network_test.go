@@ -8,10 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,13 +210,13 @@ try:
     out["dns"] = "resolved"
 except OSError as e:
     out["dns"] = type(e).__name__
-try:
-    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    u.settimeout(2)
-    u.sendto(b"x", ("8.8.8.8", 53))
-    out["udp"] = "sent"
-except OSError as e:
-    out["udp"] = type(e).__name__
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for key, to in (("udp", ("8.8.8.8", 53)), ("udp_host", (%(hostip)s, %(udp)d)), ("udp_lo", ("127.0.0.1", %(udp)d))):
+    try:
+        u.sendto(b"from the sandbox", to)
+        out[key] = "sent"
+    except OSError as e:
+        out[key] = type(e).__name__
 print(json.dumps(out))
 `
 
@@ -226,6 +228,25 @@ print(json.dumps(out))
 func TestNetworkAllowlist(t *testing.T) {
 	testenv.Real(t)
 	n := startNetHosts(t)
+	// A UDP listener on all the machine's addresses: no datagram of a
+	// sandbox may reach it.
+	udp, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	udpPort := udp.LocalAddr().(*net.UDPAddr).Port
+	var udpGot atomic.Int32
+	go func() {
+		buf := make([]byte, 100)
+		for {
+			if _, _, err := udp.ReadFrom(buf); err != nil {
+				return
+			}
+			udpGot.Add(1)
+		}
+	}()
+	hostIP := hostAddress()
 	forEachRuntimeAndProcess(t, modePooled|modeSession|modeOldGVisor, func(t *testing.T, h *harness) {
 		n.network(h)
 		if h.kind == runtime.Process && runtime.NetworkUsable(h.rt) != nil {
@@ -237,7 +258,8 @@ func TestNetworkAllowlist(t *testing.T) {
 			return
 		}
 		call := n.call()
-		code := pyFormat(netProbe, map[string]int{"web": n.web, "plain": n.plain, "api": n.apiPort, "relay": policy.RelayPort})
+		code := strings.ReplaceAll(pyFormat(netProbe, map[string]int{"web": n.web, "plain": n.plain, "api": n.apiPort, "relay": policy.RelayPort,
+			"udp": udpPort}), "%(hostip)s", fmt.Sprintf("%q", hostIP))
 		var got map[string]string
 		res := h.mustRun(code, withEgress(call))
 		if res.ExitCode != 0 {
@@ -272,8 +294,11 @@ func TestNetworkAllowlist(t *testing.T) {
 		if got["direct"] != "ConnectionRefusedError" && !(h.kind == runtime.Process && got["direct"] == "PermissionError") {
 			t.Errorf("direct: raw TCP around the relay to the host's port: %q, want refused", got["direct"])
 		}
-		if got["udp"] != "OSError" {
-			t.Errorf("udp: a datagram to 8.8.8.8:53: %q, want OSError (no route)", got["udp"])
+		if got["udp"] != "OSError" || got["udp_host"] != "OSError" {
+			t.Errorf("udp: a datagram to 8.8.8.8:53: %q, to the machine's %s: %q; want OSError (no route)", got["udp"], hostIP, got["udp_host"])
+		}
+		if udpGot.Load() != 0 {
+			t.Errorf("the machine's UDP listener got %d datagrams from sandboxes", udpGot.Load())
 		}
 		ds := destinations(call)
 		for _, want := range []runtime.EgressDestination{
@@ -288,6 +313,18 @@ func TestNetworkAllowlist(t *testing.T) {
 			}
 		}
 	})
+}
+
+// hostAddress is an address of the machine's other than loopback.
+func hostAddress() string {
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+				return ipn.IP.String()
+			}
+		}
+	}
+	return "192.0.2.1" // TEST-NET-1 when the host has no other address
 }
 
 // pyFormat fills %(name)d in a Python source with values.
@@ -516,6 +553,88 @@ except OSError as e:
     print(type(e).__name__)`), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20, Egress: n.call()})
 		if out := strings.TrimSpace(string(second.Stdout)); err != nil || (out != "b''" && !strings.HasSuffix(out, "Error")) {
 			t.Errorf("the session's next call on the connection it kept: %q, %v, %s; want it ended", out, err, second.Stderr)
+		}
+	})
+}
+
+// heldEgress is an Egress that keeps every connection it is handed and
+// closes none of them itself, so that what ends them is the runtime's
+// doing alone; it counts its Close.
+type heldEgress struct {
+	mu     sync.Mutex
+	conns  []net.Conn
+	closes int
+	got    chan string // the first line of each connection
+}
+
+func (e *heldEgress) Serve(ctx context.Context, conn net.Conn) {
+	e.mu.Lock()
+	e.conns = append(e.conns, conn)
+	e.mu.Unlock()
+	buf := make([]byte, 64)
+	n, _ := conn.Read(buf)
+	e.got <- string(buf[:n])
+	conn.Write([]byte("held\n"))
+}
+
+func (e *heldEgress) Close() {
+	e.mu.Lock()
+	e.closes++
+	e.mu.Unlock()
+}
+
+// ended says whether every connection it was handed is closed on the
+// sandbox's side: a read returns at once with EOF or an error.
+func (e *heldEgress) ended() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range e.conns {
+		c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			return false
+		}
+	}
+	return len(e.conns) > 0
+}
+
+// The runtime ends every connection of a call with the call, whatever its
+// Egress does, and closes the Egress: in a session, whose code lives on
+// with the connection it opened, the connection is closed as the call
+// ends, and the code sees it closed at its next call.
+func TestRelayEndsWithTheCall(t *testing.T) {
+	testenv.Real(t)
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
+		h.cfg.Network = &bundle.Network{RelayPort: policy.RelayPort, Trust: func() []byte { return nil }}
+		if runtime.NetworkUsable(h.rt) != nil {
+			return // refused: TestNetworkAllowlist
+		}
+		sess, end := h.openSession()
+		defer end()
+		eg := &heldEgress{got: make(chan string, 4)}
+		first, err := sess.Run(context.Background(), runtime.Request{Code: []byte(fmt.Sprintf(`import socket
+held = socket.create_connection(("127.0.0.1", %d), timeout=30)
+held.sendall(b"hello relay")
+print(held.recv(5))`, policy.RelayPort)), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20, Egress: eg})
+		if err != nil || strings.TrimSpace(string(first.Stdout)) != "b'held\\n'" {
+			t.Fatalf("a call through the relay: %q, %v, %s", first.Stdout, err, first.Stderr)
+		}
+		if got := <-eg.got; got != "hello relay" {
+			t.Errorf("the Egress got %q, want what the code sent", got)
+		}
+		testenv.EventuallyWithin(t, 10*time.Second, "the call's connection to end with the call", eg.ended)
+		eg.mu.Lock()
+		closes := eg.closes
+		eg.mu.Unlock()
+		if closes != 1 {
+			t.Errorf("the call's Egress was closed %d times, want once, as the call ended", closes)
+		}
+		second, err := sess.Run(context.Background(), runtime.Request{Code: []byte(`try:
+    held.sendall(b"more")
+    print(repr(held.recv(10)))
+except OSError as e:
+    print(type(e).__name__)`), Timeout: 30 * time.Second, MaxOutputBytes: 1 << 20})
+		if out := strings.TrimSpace(string(second.Stdout)); err != nil || (out != "b''" && !strings.HasSuffix(out, "Error")) {
+			t.Errorf("the next call on the connection the code kept: %q, %v, %s; want it closed", out, err, second.Stderr)
 		}
 	})
 }
