@@ -460,8 +460,10 @@ def scan(path, limit=256 << 20):
         pass
 if os.getcwd() == "/tmp":
     tops = ["/" + d for d in os.listdir("/") if d not in ("proc", "sys", "dev")]
-else:  # the process runtime: the machine's files, of which its own dir and /etc are the call's to see
-    tops = [os.path.dirname(os.getcwd()), "/etc"]
+else:  # the process runtime: the machine's files, of which the call's own dirs and /etc are its to see
+    import sys
+    tops = [os.getcwd(), os.path.dirname(os.path.abspath(sys.argv[0])), os.environ["PYTHONUSERBASE"],
+        os.path.dirname(os.environ["SSL_CERT_FILE"]), "/etc"]
 for top in tops:
     for root, dirs, files in os.walk(top):
         for f in files:
