@@ -1,8 +1,10 @@
 package runtime_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -11,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,6 +76,19 @@ func startNetHosts(t *testing.T) *netHosts {
 		h := &netHosts{ca: nettest.NewCA(&onceT{t}), api: &nettest.BearerAPI{Token: netSecret}, index: nettest.NewIndex()}
 		tt := &onceT{t}
 		h.web = nettest.ServeHTTPS(tt, h.ca, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if n, err := strconv.Atoi(r.URL.Query().Get("bytes")); err == nil {
+				// n bytes of a pattern the code can check.
+				block := bytes.Repeat([]byte("0123456789abcdef"), 4096)
+				for ; n > 0; n -= len(block) {
+					w.Write(block[:min(n, len(block))])
+				}
+				return
+			}
+			if r.Method == http.MethodPost {
+				n, _ := io.Copy(io.Discard, r.Body)
+				fmt.Fprintf(w, "got %d", n)
+				return
+			}
 			if to := r.URL.Query().Get("to"); to != "" {
 				http.Redirect(w, r, to, http.StatusFound)
 				return
@@ -638,5 +654,88 @@ except OSError as e:
 		if out := strings.TrimSpace(string(second.Stdout)); err != nil || (out != "b''" && !strings.HasSuffix(out, "Error")) {
 			t.Errorf("the next call on the connection the code kept: %q, %v, %s; want it closed", out, err, second.Stderr)
 		}
+	})
+}
+
+// bulkProbe moves megabytes each way through the relay, while a
+// connection that reads nothing holds a download open, and then opens
+// more connections at once than the relay and the proxy take: the
+// windows keep each connection to itself, and past the bounds a
+// connection is refused or closed, never hung, and the relay serves on.
+const bulkProbe = `import hashlib, json, socket, ssl, time, urllib.request
+out = {}
+def get(url, data=None):
+    return urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=60).read()
+# A download nobody reads: its window fills, and it must stall alone.
+stalled = urllib.request.urlopen("https://web.test:%(web)d/?bytes=%(big)d", timeout=60)
+t0 = time.monotonic()
+body = get("https://web.test:%(web)d/?bytes=%(big)d")
+out["down"] = [len(body), hashlib.sha256(body).hexdigest(), round(time.monotonic() - t0, 2)]
+t0 = time.monotonic()
+out["up"] = [get("https://web.test:%(web)d/", data=b"x" * %(big)d).decode(), round(time.monotonic() - t0, 2)]
+out["stalled_read"] = len(stalled.read())
+# More connections at once than the relay (64) and the proxy (32) hold.
+socks, answers = [], {}
+for i in range(100):
+    s = socket.create_connection(("127.0.0.1", %(relay)d), timeout=30)
+    s.sendall(b"CONNECT web.test:%(web)d HTTP/1.1\r\nHost: web.test\r\n\r\n")
+    socks.append(s)
+for s in socks:
+    try:
+        line = s.recv(100).split(b"\r\n")[0].decode() or "closed"
+    except OSError as e:
+        line = type(e).__name__
+    answers[line] = answers.get(line, 0) + 1
+for s in socks:
+    s.close()
+out["many"] = answers
+out["after"] = get("https://web.test:%(web)d/").decode()
+print(json.dumps(out))
+`
+
+func TestNetworkBulkAndManyConnections(t *testing.T) {
+	testenv.Real(t)
+	n := startNetHosts(t)
+	const big = 24 << 20
+	block := bytes.Repeat([]byte("0123456789abcdef"), 4096)
+	sum := sha256.New()
+	for left := big; left > 0; left -= len(block) {
+		sum.Write(block[:min(left, len(block))])
+	}
+	want := hex.EncodeToString(sum.Sum(nil))
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
+		n.network(h)
+		if runtime.NetworkUsable(h.rt) != nil {
+			return // refused: TestNetworkAllowlist
+		}
+		var got struct {
+			Down        []any
+			Up          []any
+			StalledRead int `json:"stalled_read"`
+			Many        map[string]int
+			After       string
+		}
+		call := n.call()
+		res := h.mustRun(pyFormat(bulkProbe, map[string]int{"web": n.web, "relay": policy.RelayPort, "big": big}), withEgress(call), withTimeout(2*time.Minute))
+		if res.ExitCode != 0 {
+			t.Fatalf("exit %d: %s", res.ExitCode, res.Stderr)
+		}
+		if err := json.Unmarshal(res.Stdout, &got); err != nil {
+			t.Fatalf("%v: %s %s", err, res.Stdout, res.Stderr)
+		}
+		if len(got.Down) != 3 || got.Down[0] != float64(big) || got.Down[1] != want {
+			t.Errorf("the download through the relay: %v, want %d bytes of sha256 %s", got.Down, big, want)
+		}
+		if len(got.Up) != 2 || got.Up[0] != fmt.Sprintf("got %d", big) {
+			t.Errorf("the upload through the relay: %v, want the host to get %d bytes", got.Up, big)
+		}
+		if got.StalledRead != big {
+			t.Errorf("the stalled download read %d bytes once read, want %d", got.StalledRead, big)
+		}
+		if got.Many["HTTP/1.1 200 Connection established"] == 0 || got.After != "hello from web.test" {
+			t.Errorf("100 connections at once: %v; then %q; want some through, the rest refused or closed, and the relay serving on", got.Many, got.After)
+		}
+		t.Logf("%d MiB down in %vs, up in %vs; 100 connections at once: %v; the call's peak memory %d MiB",
+			big>>20, got.Down[2], got.Up[1], got.Many, res.PeakMemoryBytes>>20)
 	})
 }

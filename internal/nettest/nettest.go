@@ -22,6 +22,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
@@ -111,6 +112,8 @@ func WriteFile(t testing.TB, name string, data []byte, mode os.FileMode) string 
 func ServeHTTPS(t testing.TB, ca *CA, h http.Handler, names ...string) int {
 	t.Helper()
 	s := httptest.NewUnstartedServer(h)
+	// Tunnels the tests refuse or cut end handshakes half way: not news.
+	s.Config.ErrorLog = log.New(io.Discard, "", 0)
 	s.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, names...)}}
 	s.StartTLS()
 	t.Cleanup(s.Close)
