@@ -207,8 +207,10 @@ func (c cache) removeUnused(name string) (bool, error) {
 		return false, fmt.Errorf("removing %s: %w", dir, err)
 	}
 	// What it held goes with it; tidy takes one a killed removal left.
-	if err := os.Remove(dir + aboutSuffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("removing %s: %w", dir, err)
+	for _, beside := range []string{aboutSuffix, contentsSuffix} {
+		if err := os.Remove(dir + beside); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("removing %s: %w", dir, err)
+		}
 	}
 	if err := os.RemoveAll(trash); err != nil {
 		return false, fmt.Errorf("removing %s: %w", dir, err)

@@ -103,6 +103,9 @@ func ensure(ctx context.Context, py Interpreter, opts Options, cacheDir string, 
 			gens.remove(name)
 		}
 	}()
+	if err := writeContents(out, out+contentsSuffix); err != nil {
+		return "", fmt.Errorf("ensuring rootfs: %w", err)
+	}
 	om, err := openManifest(out + manifestSuffix)
 	if err != nil {
 		return "", fmt.Errorf("ensuring rootfs: %w", err)
@@ -163,6 +166,10 @@ func (c cacheEntry) lookup() (dir, why string, err error) {
 	if err := Check(dir); err != nil {
 		om.f.Close()
 		return "", "", fmt.Errorf("ensuring rootfs: cached %w; remove %s to rebuild it", err, link)
+	}
+	if err := checkContents(dir, dir+contentsSuffix); err != nil {
+		om.f.Close()
+		return "", "", fmt.Errorf("ensuring rootfs: the cached rootfs %s: %w; remove %s to rebuild it", dir, err, link)
 	}
 	hold(dir, om.holdFile)
 	return dir, "", nil

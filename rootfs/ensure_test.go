@@ -114,7 +114,7 @@ func TestEnsureBuildsOnce(t *testing.T) {
 		t.Errorf("second Ensure rebuilt (builds %d, same dir %v)", builds.Load(), os.SameFile(before, after))
 	}
 	key := py.Key()
-	if got, want := strings.Join(dirNames(t, cache), " "), ".lock "+key+" "+key+".1 "+key+".1.manifest"; got != want {
+	if got, want := strings.Join(dirNames(t, cache), " "), ".lock "+key+" "+key+".1 "+key+".1"+contentsSuffix+" "+key+".1.manifest"; got != want {
 		t.Errorf("cache dir holds %q, want %q", got, want)
 	}
 	if target, err := os.Readlink(filepath.Join(cache, key)); err != nil || target != key+".1" {
@@ -469,9 +469,9 @@ func TestEnsureRebuildsWhenHostChanges(t *testing.T) {
 	}
 	key := py.Key()
 	names := func(dirs ...string) string {
-		want := []string{".lock", key, filepath.Base(noManifest)}
+		want := []string{".lock", key, filepath.Base(noManifest), filepath.Base(noManifest) + contentsSuffix}
 		for _, d := range dirs {
-			want = append(want, filepath.Base(d), filepath.Base(d)+manifestSuffix)
+			want = append(want, filepath.Base(d), filepath.Base(d)+manifestSuffix, filepath.Base(d)+contentsSuffix)
 		}
 		slices.Sort(want)
 		return strings.Join(want, " ")

@@ -111,6 +111,9 @@ func (c cache) describe(name string, a About) {
 func tidyAbouts(dir string, entries []fs.DirEntry) error {
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), aboutSuffix)
+		if !ok {
+			name, ok = strings.CutSuffix(e.Name(), contentsSuffix)
+		}
 		if !ok || isLeftover(e.Name()) {
 			continue
 		}

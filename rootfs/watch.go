@@ -34,9 +34,10 @@ var ErrChanged = errors.New("the rootfs changed while the server serves it")
 // background (a write through a mapping moves the change time).
 //
 // What it cannot see: a write through a hard link from outside the tree
-// (a built rootfs has none: its files are copies) between scans, and a
-// change made while no server watched (the rootfs is proved again at
-// start).
+// (a built rootfs has none: its files are copies) between scans. A change
+// made while no server watched is the contents file's to see: a cached
+// generation is compared with its build's stamps when a server starts on
+// it (contents.go); an operator's MCP_EXEC_ROOTFS is the operator's.
 type Watcher struct {
 	mu     sync.Mutex
 	fd     int              // inotify, non-blocking; -1 once closed

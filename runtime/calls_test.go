@@ -15,7 +15,7 @@ import (
 // codes and stdin, ordinary Python.
 
 func TestTimeoutKillsDetachedDescendants(t *testing.T) {
-	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeSession|modeFresh, func(t *testing.T, h *harness) {
 		start := time.Now()
 		res := h.mustRun(`import os, sys, time
 if os.fork() == 0:
@@ -29,7 +29,7 @@ while True:
     time.sleep(1)`, withTimeout(4*time.Second))
 		// A session's code is interrupted first, and stops: its session
 		// lives on (the harness ends it, and then every process of it).
-		want, ended := 137, runtime.EndReason("")
+		want, ended := 137, runtime.SessionEnd("")
 		if h.session {
 			want = 130
 		}
@@ -148,7 +148,7 @@ if __name__ == "__main__":
 }
 
 func TestCancelKillsAtOnce(t *testing.T) {
-	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeSession|modeFresh, func(t *testing.T, h *harness) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(time.Second, cancel)
 		start := time.Now()

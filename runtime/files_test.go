@@ -153,7 +153,7 @@ os.chmod("outputs/sub", 0)`, 2},
 // byte limit, the count limit, a directory past the walk's depth. The
 // files come back in the order the walk found them (by name).
 func TestLeftOutFilesAreNamed(t *testing.T) {
-	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
 		h.cfg.MaxFiles, h.cfg.MaxFileBytes = 3, 1<<20
 		res := h.mustRun(`import os
 os.chdir("outputs")

@@ -200,8 +200,14 @@ const (
 	// the pinned current gVisor is not installed: for what a syscall-level
 	// difference between gVisor versions can change.
 	modeOldGVisor
+	// modeFresh: libcontainer making a fresh container per call
+	// (MCP_EXEC_FORK=false) beside its default, forks of a template: for
+	// what making the sandbox can change (its identity, namespaces,
+	// mounts, filter, limits). What the init and the interpreter do once
+	// the sandbox is made is the same in both.
+	modeFresh
 
-	allModes = modePooled | modeSession | modeBatteries | modeOldGVisor
+	allModes = modePooled | modeSession | modeBatteries | modeOldGVisor | modeFresh
 )
 
 // run says whether a property that declared modes runs in m.
@@ -266,14 +272,17 @@ var containerModes = []struct {
 	{"-batteries", modeBatteries, withBatteries},
 }
 
-// forEachContainerRuntime runs f on each variant, and in each declared
-// mode on the variants a server uses by default (forks of a template, and
-// runsc): a fresh libcontainer container (MCP_EXEC_FORK=false) makes and
-// prepares its sandbox as those do, and gets its modes under the full
+// forEachContainerRuntime runs f on the variants a server uses by default
+// (libcontainer's forks of a template, and runsc), and in each declared
+// mode on them; a fresh libcontainer container (MCP_EXEC_FORK=false) where
+// the property declares modeFresh, and in every mode under the full
 // matrix.
 func forEachContainerRuntime(t *testing.T, modes mode, f func(t *testing.T, h *harness)) {
 	t.Helper()
 	for _, v := range variants(t) {
+		if fresh := v.kind == runtime.Libcontainer && !v.fork; fresh && !modes.run(modeFresh) {
+			continue
+		}
 		t.Run(v.name, func(t *testing.T) {
 			testenv.Parallel(t)
 			f(t, v.harness(t, policy.DefaultLimits()))

@@ -95,18 +95,17 @@ func TestRunscExitCodes(t *testing.T) {
 		{"SIGKILL", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 128 + 9},
 		{"SIGTERM", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)", 128 + 15},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			res, err := h.run(tc.code)
-			if err != nil {
-				t.Fatalf("Run(%q): %v", tc.code, err)
-			}
-			if res.ExitCode != tc.want || res.TimedOut || res.OOMKilled {
-				t.Errorf("Run(%q): exit %d timed_out %v oom %v, want exit %d and neither", tc.code, res.ExitCode, res.TimedOut, res.OOMKilled, tc.want)
-			}
-			if wantSig := max(0, tc.want-128); strings.HasPrefix(tc.name, "SIG") && res.Signal != wantSig || !strings.HasPrefix(tc.name, "SIG") && res.Signal != 0 {
-				t.Errorf("Run(%q): signal %d, want %d", tc.code, res.Signal, wantSig)
-			}
-		})
+		// Cases of one sandbox property, in one harness: errors name them.
+		res, err := h.run(tc.code)
+		if err != nil {
+			t.Fatalf("%s: Run(%q): %v", tc.name, tc.code, err)
+		}
+		if res.ExitCode != tc.want || res.TimedOut || res.OOMKilled {
+			t.Errorf("%s: Run(%q): exit %d timed_out %v oom %v, want exit %d and neither", tc.name, tc.code, res.ExitCode, res.TimedOut, res.OOMKilled, tc.want)
+		}
+		if wantSig := max(0, tc.want-128); strings.HasPrefix(tc.name, "SIG") && res.Signal != wantSig || !strings.HasPrefix(tc.name, "SIG") && res.Signal != 0 {
+			t.Errorf("%s: Run(%q): signal %d, want %d", tc.name, tc.code, res.Signal, wantSig)
+		}
 	}
 	assertNoRunsc(t, h)
 }

@@ -199,7 +199,7 @@ type Result struct {
 	ValueTruncated bool
 	// Ended says why a session's sandbox takes no more calls: "" while it
 	// does (and for a call that is not a session's).
-	Ended EndReason
+	Ended SessionEnd
 	// Egress is what the call's code asked the egress proxy for, as the
 	// caller that gave the call its Egress reads it back (the runtime
 	// only relays).
@@ -232,18 +232,30 @@ const (
 	LeftLimits LeftOutReason = "limits"
 )
 
-// EndReason is why a session ended.
-type EndReason string
+// SessionEnd is why a persistent session ended: every value the
+// server's session_ended can take, one vocabulary. A Session ends on its
+// own only for EndTimeout, EndOOM or EndExited; the others are the
+// server's reasons to close one.
+type SessionEnd string
 
 const (
 	// EndTimeout: the code was still running a moment after its timeout's
 	// interrupt, and the sandbox was killed.
-	EndTimeout EndReason = "timeout"
+	EndTimeout SessionEnd = "timeout"
 	// EndOOM: the memory limit killed a process, or the process limit was
 	// hit.
-	EndOOM EndReason = "oom"
-	// EndExited: the interpreter ended (sys.exit, os._exit, a crash).
-	EndExited EndReason = "exited"
+	EndOOM SessionEnd = "oom"
+	// EndExited: the interpreter ended (sys.exit, os._exit, a crash), or
+	// the sandbox could not go on.
+	EndExited SessionEnd = "exited"
+	// EndClosed: a call ended it with end_session, or its client went.
+	EndClosed SessionEnd = "closed"
+	// EndIdle: no call came for the idle time.
+	EndIdle SessionEnd = "idle"
+	// EndLifetime: it was open for its whole lifetime.
+	EndLifetime SessionEnd = "lifetime"
+	// EndShutdown: the server stopped.
+	EndShutdown SessionEnd = "shutdown"
 )
 
 // The two failures a caller tells apart. Neither is the code's own: what
@@ -275,7 +287,10 @@ type Runtime interface {
 	Close() error
 }
 
-// Sandbox is one prepared container. It runs code exactly once.
+// Sandbox is one prepared sandbox: a container, a fork of a template, or
+// a confined process. Its Run runs one call's code, once: a sandbox is
+// never given a second call, except a persistent session's (Session),
+// which runs each of its caller's calls in the one interpreter, in turn.
 type Sandbox interface {
 	// Run starts the code, feeds it the request's stdin and waits for the
 	// verdict. A cancelled ctx kills the container at once and returns the

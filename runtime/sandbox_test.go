@@ -23,7 +23,7 @@ import (
 // saw; each would fail if the property it names were missing.
 
 func TestIdentity(t *testing.T) {
-	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor|modeFresh, func(t *testing.T, h *harness) {
 		var got struct {
 			UID, GID, EUID, EGID int
 			Groups               []int
@@ -52,7 +52,7 @@ print(json.dumps({"UID": os.getuid(), "GID": os.getgid(), "EUID": os.geteuid(), 
 }
 
 func TestCapabilitiesAndNoNewPrivsAndSeccompMode(t *testing.T) {
-	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor|modeFresh, func(t *testing.T, h *harness) {
 		var got struct {
 			Status   map[string]string
 			NNP      int
@@ -167,7 +167,7 @@ out = {}
 		fmt.Fprintf(&b, "out[%q] = call(%d, %s)\n", p.name, p.nr, strings.Trim(strings.Join(strings.Fields(fmt.Sprint(p.args)), ", "), "[]"))
 	}
 	b.WriteString("out['clone3'] = call(435, 0, 0)\nprint(json.dumps(out))\n")
-	forEachRuntimeAndProcess(t, modeOldGVisor, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeOldGVisor|modeFresh, func(t *testing.T, h *harness) {
 		var got map[string][2]int
 		h.probe(b.String(), &got)
 		for _, p := range deniedProbes {
@@ -185,7 +185,7 @@ out = {}
 }
 
 func TestReadOnlyRoot(t *testing.T) {
-	forEachRuntime(t, modeNone, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeFresh, func(t *testing.T, h *harness) {
 		var got map[string]int
 		h.probe(`import errno, json, os
 out = {}
@@ -334,7 +334,7 @@ func TestNoNetwork(t *testing.T) {
 	}
 	loPort := lo.Addr().(*net.TCPAddr).Port
 	allPort := all.Addr().(*net.TCPAddr).Port
-	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor|modeFresh, func(t *testing.T, h *harness) {
 		var got struct {
 			Interfaces []string
 			Loopback   string
@@ -379,7 +379,7 @@ print(json.dumps({"Interfaces": [n for _, n in socket.if_nameindex()],
 }
 
 func TestNamespacesAndHostname(t *testing.T) {
-	forEachRuntime(t, modeNone, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeFresh, func(t *testing.T, h *harness) {
 		var got struct {
 			Pid      int
 			Pids     []int
@@ -407,7 +407,7 @@ print(json.dumps({"Pid": os.getpid(), "Pids": sorted(int(p) for p in os.listdir(
 // The code is not pid 1, so signals behave as outside a container, and
 // orphans are reaped.
 func TestSignalsAndOrphans(t *testing.T) {
-	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modeFresh, func(t *testing.T, h *harness) {
 		if res := h.mustRun(`import os, signal; os.kill(os.getpid(), signal.SIGTERM); print("survived")`); res.ExitCode != 128+15 || res.Signal != 15 || len(res.Stdout) != 0 {
 			t.Errorf("SIGTERM to itself: exit %d signal %d stdout %q, want 143, 15 and nothing", res.ExitCode, res.Signal, res.Stdout)
 		}
@@ -466,7 +466,7 @@ func TestEnvironmentIsAllowlist(t *testing.T) {
 	const secret = "s3cret-token-that-must-not-leak"
 	t.Setenv("MCP_EXEC_AUTH_TOKEN", secret)
 	t.Setenv("SOME_HOST_SECRET", secret)
-	forEachRuntimeAndProcess(t, modePooled|modeBatteries, func(t *testing.T, h *harness) {
+	forEachRuntimeAndProcess(t, modePooled|modeBatteries|modeFresh, func(t *testing.T, h *harness) {
 		res := h.mustRun(`import os, json
 print(json.dumps(dict(os.environ, CWD=os.getcwd())))
 print(open("/proc/self/environ", "rb").read().decode(errors="replace"))
@@ -517,7 +517,7 @@ func TestHostInvisible(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.Remove(marker)
-	forEachRuntime(t, modeBatteries, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeBatteries|modeFresh, func(t *testing.T, h *harness) {
 		var got map[string]bool
 		h.probe(fmt.Sprintf(`import json, os
 paths = [%q, "/root", "/home", "/var", "/work", "/run", "/srv", "/opt", "/etc/shadow", "/etc/ssh",
@@ -539,7 +539,7 @@ print(json.dumps(out))`, marker), &got)
 }
 
 func TestMaskedProc(t *testing.T) {
-	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor|modeFresh, func(t *testing.T, h *harness) {
 		var got struct {
 			Contents map[string]int
 			SysWrite int
@@ -578,7 +578,7 @@ print(json.dumps({"Contents": c, "SysWrite": w, "SysRO": ro}))`, &got)
 }
 
 func TestDevContents(t *testing.T) {
-	forEachRuntime(t, modeOldGVisor, func(t *testing.T, h *harness) {
+	forEachRuntime(t, modeOldGVisor|modeFresh, func(t *testing.T, h *harness) {
 		var got struct {
 			Chars []string
 			Other []string

@@ -24,14 +24,14 @@ type Session struct {
 	background bool
 
 	mu    sync.Mutex // one call at a time
-	ended EndReason
+	ended SessionEnd
 }
 
 // ErrSessionEnded is the error of a call to a session that has ended.
 var ErrSessionEnded = errors.New("the session has ended")
 
 // EndedError says why a session can take no call.
-type EndedError struct{ Reason EndReason }
+type EndedError struct{ Reason SessionEnd }
 
 func (e *EndedError) Error() string { return fmt.Sprintf("%v (%s)", ErrSessionEnded, e.Reason) }
 func (e *EndedError) Unwrap() error { return ErrSessionEnded }
@@ -102,7 +102,7 @@ func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
 }
 
 // endedAlone is why a session's sandbox ended between calls.
-func (s *Session) endedAlone() EndReason {
+func (s *Session) endedAlone() SessionEnd {
 	var res Result
 	s.sb.c.verdict(&res)
 	if res.OOMKilled || res.PidsLimitHit {
@@ -116,7 +116,7 @@ func (s *Session) endedAlone() EndReason {
 func (s *Session) Done() <-chan struct{} { return s.sb.done }
 
 // Ended says why the session ended; "" while it lives.
-func (s *Session) Ended() EndReason {
+func (s *Session) Ended() SessionEnd {
 	if !s.mu.TryLock() {
 		return "" // a call runs: it will say
 	}
@@ -126,7 +126,7 @@ func (s *Session) Ended() EndReason {
 
 // check notes an end between calls, and returns why the session ended
 // ("": it lives). s.mu is held.
-func (s *Session) check() EndReason {
+func (s *Session) check() SessionEnd {
 	if s.ended == "" {
 		select {
 		case <-s.sb.done:

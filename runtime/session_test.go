@@ -64,7 +64,7 @@ func forEachSessionRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 			testenv.Parallel(t)
 			f(t, v.harness(t, policy.DefaultLimits()))
 		})
-		if v.kind == runtime.Runsc {
+		if v.kind == runtime.Runsc && testenv.Full() {
 			// Debian's runsc (2022-12, ptrace) pauses a session too.
 			t.Run("runsc-debian", func(t *testing.T) {
 				testenv.Parallel(t)

@@ -38,8 +38,8 @@ type auditRecord struct {
 	Verdict string `json:"verdict,omitempty"`
 	// Session is a digest of the persistent session's handle (never the
 	// handle, which is what lets a caller in); SessionEnded why it ended.
-	Session      string `json:"session,omitempty"`
-	SessionEnded string `json:"session_ended,omitempty"`
+	Session      string             `json:"session,omitempty"`
+	SessionEnded runtime.SessionEnd `json:"session_ended,omitempty"`
 	// Event is "session_start" or "session_end" for a record of a
 	// persistent session rather than of a call.
 	Event string `json:"event,omitempty"`
@@ -49,7 +49,7 @@ type auditRecord struct {
 }
 
 // auditSession records a persistent session's start or end.
-func (s *Server) auditSession(h *held, event, why string) {
+func (s *Server) auditSession(h *held, event string, why runtime.SessionEnd) {
 	s.opts.Audit.write(auditRecord{Time: time.Now().UTC(), CallID: uuid.NewString(), Client: h.client,
 		Runtime: s.info.Runtime, Event: event, Session: h.id, SessionEnded: why})
 }

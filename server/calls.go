@@ -165,7 +165,7 @@ func (s *Server) endCall(ctx context.Context, c *callTrack, rec auditRecord, res
 		// A digest of the handle, as the audit log has it: never the handle.
 		attrs = append(attrs, slog.String("session", rec.Session))
 		if rec.SessionEnded != "" {
-			attrs = append(attrs, slog.String("session_ended", rec.SessionEnded))
+			attrs = append(attrs, slog.Any("session_ended", rec.SessionEnded))
 		}
 	}
 	attrs = append(attrs, slog.Duration("took", time.Since(c.began)))

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,11 +18,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/runtime"
 )
 
@@ -68,30 +66,6 @@ func (v *verdictEngine) Run(ctx context.Context, req runtime.Request) (runtime.R
 		return v.fakeEngine.Run(ctx, req)
 	}
 	return res, nil
-}
-
-// scrape gets url and parses it with Prometheus' own text parser.
-func scrape(t *testing.T, url, token string) (map[string]*dto.MetricFamily, string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatalf("GET %s: not Prometheus' text format: %v\n%s", url, err, body)
-	}
-	return families, string(body)
 }
 
 // value is the value of the series of family name whose labels include
@@ -173,7 +147,7 @@ func TestMetricsCountEveryVerdict(t *testing.T) {
 		errc <- err
 	}()
 	waitFor(t, "a call holding the slot", func() bool { return eng.running.Load() == 1 })
-	families, _ := scrape(t, base+"/metrics", "")
+	families, _ := testenv.Scrape(t, base+"/metrics", "")
 	if got := value(families, "mcp_exec_slots_in_use", nil); got != 1 {
 		t.Errorf("mcp_exec_slots_in_use while a call runs = %v, want 1", got)
 	}
@@ -187,7 +161,7 @@ func TestMetricsCountEveryVerdict(t *testing.T) {
 	}
 	waitFor(t, "the cancelled call to end", func() bool { return eng.running.Load() == 0 })
 
-	families, text := scrape(t, base+"/metrics", "")
+	families, text := testenv.Scrape(t, base+"/metrics", "")
 	for verdict, want := range map[string]float64{verdictOK: 2, verdictExit: 1, verdictTimeout: 1, verdictOOM: 1, verdictPids: 1,
 		verdictSandbox: 1, verdictInput: 1, verdictBusy: 1, verdictCancelled: 1, verdictRefused: 0} {
 		// ok: the secret's call and the session's.
@@ -265,7 +239,7 @@ func TestMetricsBehindTheToken(t *testing.T) {
 			t.Errorf("GET %s (token %q) = %d %.200q, want %d with %q", c.path, c.token, r.code, r.body, c.code, c.body)
 		}
 	}
-	scrape(t, base+"/metrics", opts.AuthToken)
+	testenv.Scrape(t, base+"/metrics", opts.AuthToken)
 }
 
 type response struct {
@@ -421,7 +395,7 @@ func TestFrontHoldsMCPUntilAttached(t *testing.T) {
 // call says cancelled; a sandbox error carries the call id its isError
 // text names; a session is named by its digest, never its handle.
 func TestCallLogLine(t *testing.T) {
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	opts := sessionOptions()
 	opts.Logger = slog.New(slog.NewJSONHandler(&buf, nil))
 	eng := newVerdictEngine()
@@ -514,24 +488,6 @@ func TestCallSpans(t *testing.T) {
 			t.Errorf("span %s: %v, want a child of exec", name, s)
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and readers at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // A call over HTTP whose request carries a W3C traceparent is a span of

@@ -140,30 +140,30 @@ type execInput struct {
 // execOutput is the call's structuredContent. The contract's fields are
 // never renamed or removed; the rest are extras.
 type execOutput struct {
-	Stdout          string        `json:"stdout" jsonschema:"what the program wrote to stdout (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
-	Stderr          string        `json:"stderr" jsonschema:"what the program wrote to stderr (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
-	ExitCode        int           `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
-	Signal          string        `json:"signal" jsonschema:"the signal that killed the program (e.g. SIGSEGV, SIGKILL), then exit_code is 128 + its number; empty when it exited"`
-	TimedOut        bool          `json:"timed_out" jsonschema:"the wall-clock limit was hit: a fresh call's sandbox was killed; in a persistent session the code was interrupted (KeyboardInterrupt) and, if it stopped, the session lives on (session_ended empty), else its sandbox was killed (session_ended timeout)"`
-	OOMKilled       bool          `json:"oom_killed" jsonschema:"the memory limit killed a process"`
-	PidsLimited     bool          `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
-	StdoutTruncated bool          `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
-	StderrTruncated bool          `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
-	Truncated       bool          `json:"truncated" jsonschema:"stdout_truncated or stderr_truncated"`
-	StdoutBytes     int64         `json:"stdout_bytes" jsonschema:"bytes the program wrote to stdout, including any past the cap"`
-	StderrBytes     int64         `json:"stderr_bytes" jsonschema:"bytes the program wrote to stderr, including any past the cap"`
-	DurationMS      int64         `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
-	CPUMS           int64         `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's cgroup accounts it; 0 when unknown"`
-	PeakMemoryBytes int64         `json:"peak_memory_bytes" jsonschema:"highest memory use of the container, 0 when unknown"`
-	Runtime         string        `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
-	Files           []outputFile  `json:"files" jsonschema:"the regular files the code left under /tmp/outputs, each also a content block: inline when small, else a resource_link to its uri"`
-	FilesTruncated  bool          `json:"files_truncated" jsonschema:"a file under /tmp/outputs was left out for the file count or size limit"`
-	FilesLeftOut    []leftOutFile `json:"files_left_out" jsonschema:"what was left out of /tmp/outputs (the first 64), each with its size and why"`
-	Result          string        `json:"result" jsonschema:"the repr of the value of the code's last statement when that is an expression and the value is not None, else empty; at most the output cap"`
-	ResultTruncated bool          `json:"result_truncated" jsonschema:"result went past the output cap and was cut"`
-	Session         string        `json:"session" jsonschema:"the persistent session's handle when the call ran in one, else empty"`
-	SessionEnded    string        `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, oom, exited, idle, lifetime or shutdown"`
-	Egress          []egressDest  `json:"egress" jsonschema:"each host:port the code asked the network proxy for (with the network allowlist on; else empty), in the order first asked: bytes each way, and whether it was allowed"`
+	Stdout          string             `json:"stdout" jsonschema:"what the program wrote to stdout (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	Stderr          string             `json:"stderr" jsonschema:"what the program wrote to stderr (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	ExitCode        int                `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
+	Signal          string             `json:"signal" jsonschema:"the signal that killed the program (e.g. SIGSEGV, SIGKILL), then exit_code is 128 + its number; empty when it exited"`
+	TimedOut        bool               `json:"timed_out" jsonschema:"the wall-clock limit was hit: a fresh call's sandbox was killed; in a persistent session the code was interrupted (KeyboardInterrupt) and, if it stopped, the session lives on (session_ended empty), else its sandbox was killed (session_ended timeout)"`
+	OOMKilled       bool               `json:"oom_killed" jsonschema:"the memory limit killed a process"`
+	PidsLimited     bool               `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
+	StdoutTruncated bool               `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
+	StderrTruncated bool               `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
+	Truncated       bool               `json:"truncated" jsonschema:"stdout_truncated or stderr_truncated"`
+	StdoutBytes     int64              `json:"stdout_bytes" jsonschema:"bytes the program wrote to stdout, including any past the cap"`
+	StderrBytes     int64              `json:"stderr_bytes" jsonschema:"bytes the program wrote to stderr, including any past the cap"`
+	DurationMS      int64              `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
+	CPUMS           int64              `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's cgroup accounts it; 0 when unknown"`
+	PeakMemoryBytes int64              `json:"peak_memory_bytes" jsonschema:"highest memory use of the container, 0 when unknown"`
+	Runtime         string             `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
+	Files           []outputFile       `json:"files" jsonschema:"the regular files the code left under /tmp/outputs, each also a content block: inline when small, else a resource_link to its uri"`
+	FilesTruncated  bool               `json:"files_truncated" jsonschema:"a file under /tmp/outputs was left out for the file count or size limit"`
+	FilesLeftOut    []leftOutFile      `json:"files_left_out" jsonschema:"what was left out of /tmp/outputs (the first 64), each with its size and why"`
+	Result          string             `json:"result" jsonschema:"the repr of the value of the code's last statement when that is an expression and the value is not None, else empty; at most the output cap"`
+	ResultTruncated bool               `json:"result_truncated" jsonschema:"result went past the output cap and was cut"`
+	Session         string             `json:"session" jsonschema:"the persistent session's handle when the call ran in one, else empty"`
+	SessionEnded    runtime.SessionEnd `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, oom, exited, idle, lifetime or shutdown"`
+	Egress          []egressDest       `json:"egress" jsonschema:"each host:port the code asked the network proxy for (with the network allowlist on; else empty), in the order first asked: bytes each way, and whether it was allowed"`
 }
 
 // egressDest is one destination of a call's network.
@@ -286,7 +286,10 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 }
 
 // sessionOut is what a call says of its persistent session.
-type sessionOut struct{ handle, ended string }
+type sessionOut struct {
+	handle string
+	ended  runtime.SessionEnd
+}
 
 // exec validates the input, waits for a free slot and runs the code: in a
 // fresh sandbox, or in the persistent session the input names.

@@ -29,17 +29,9 @@ type Session interface {
 	// Done is closed once the sandbox has ended, on its own or closed.
 	Done() <-chan struct{}
 	// Ended says why it ended on its own; "" while it lives.
-	Ended() runtime.EndReason
+	Ended() runtime.SessionEnd
 	Close() error
 }
-
-// Why a session ends, beyond the runtime's reasons (timeout, oom, exited).
-const (
-	endClosed   = "closed"
-	endIdle     = "idle"
-	endLifetime = "lifetime"
-	endShutdown = "shutdown"
-)
 
 // handlePrefix starts every handle, so that one is told apart from other
 // strings at a glance.
@@ -71,7 +63,7 @@ type sessions struct {
 	mu       sync.Mutex
 	live     map[string]*held // by handle: opening, idle, busy or ending
 	watching map[*mcp.ServerSession]bool
-	ended    map[string]string
+	ended    map[string]runtime.SessionEnd
 	order    []string // ended handles, oldest first
 	closed   bool
 }
@@ -110,8 +102,8 @@ type held struct {
 
 	mu       sync.Mutex
 	state    heldState
-	why      string          // why it ended (ended)
-	queue    []chan struct{} // calls waiting for their turn, in arrival order
+	why      runtime.SessionEnd // why it ended (ended)
+	queue    []chan struct{}    // calls waiting for their turn, in arrival order
 	idle     *time.Timer
 	lifetime *time.Timer
 }
@@ -128,7 +120,7 @@ func (h *held) move(to heldState) bool {
 }
 
 func newSessions(s *Server) *sessions {
-	return &sessions{srv: s, live: map[string]*held{}, watching: map[*mcp.ServerSession]bool{}, ended: map[string]string{}}
+	return &sessions{srv: s, live: map[string]*held{}, watching: map[*mcp.ServerSession]bool{}, ended: map[string]runtime.SessionEnd{}}
 }
 
 // reserve makes room for a new session of owner, or says why there is
@@ -181,7 +173,7 @@ func (ss *sessions) endWithOwner(owner *mcp.ServerSession) {
 	}
 	ss.mu.Unlock()
 	for _, h := range theirs {
-		ss.expire(h, endClosed)
+		ss.expire(h, runtime.EndClosed)
 	}
 }
 
@@ -204,9 +196,9 @@ func (ss *sessions) open(h *held, sess Session) error {
 	h.mu.Lock()
 	h.sess = sess
 	ok := h.move(busy)
-	h.idle = time.AfterFunc(o.PersistentIdle, func() { ss.expire(h, endIdle) })
+	h.idle = time.AfterFunc(o.PersistentIdle, func() { ss.expire(h, runtime.EndIdle) })
 	h.idle.Stop()
-	h.lifetime = time.AfterFunc(o.PersistentLifetime, func() { ss.expire(h, endLifetime) })
+	h.lifetime = time.AfterFunc(o.PersistentLifetime, func() { ss.expire(h, runtime.EndLifetime) })
 	h.mu.Unlock()
 	if !ok {
 		// Ended while opening: the server is shutting down.
@@ -216,7 +208,7 @@ func (ss *sessions) open(h *held, sess Session) error {
 	go func() {
 		<-sess.Done()
 		if r := sess.Ended(); r != "" {
-			ss.end(h, string(r))
+			ss.end(h, r)
 		}
 	}()
 	ss.srv.auditSession(h, "session_start", "")
@@ -315,10 +307,10 @@ func (ss *sessions) passTurn(h *held) {
 
 // release ends a call's turn; why, when not "", ends the session, as does
 // a lifetime that passed during the call.
-func (ss *sessions) release(h *held, why string) {
+func (ss *sessions) release(h *held, why runtime.SessionEnd) {
 	h.mu.Lock()
 	if why == "" && h.state == ending {
-		why = endLifetime
+		why = runtime.EndLifetime
 	}
 	h.mu.Unlock()
 	if why != "" {
@@ -332,14 +324,14 @@ func (ss *sessions) release(h *held, why string) {
 // expire ends a session between its calls (idle, lifetime, its client
 // gone); during a call, a lifetime ends it when the call does, and the
 // call's client ends it by its own end.
-func (ss *sessions) expire(h *held, why string) {
+func (ss *sessions) expire(h *held, why runtime.SessionEnd) {
 	h.mu.Lock()
 	if h.state == busy {
-		if why == endLifetime {
+		if why == runtime.EndLifetime {
 			h.move(ending)
 		}
 		h.mu.Unlock()
-		if why == endClosed {
+		if why == runtime.EndClosed {
 			ss.end(h, why) // its client is gone: its call is cancelled too
 		}
 		return
@@ -350,7 +342,7 @@ func (ss *sessions) expire(h *held, why string) {
 
 // end ends a session once, for why: its sandbox is torn down, its handle
 // remembered with the reason.
-func (ss *sessions) end(h *held, why string) {
+func (ss *sessions) end(h *held, why runtime.SessionEnd) {
 	h.mu.Lock()
 	if !h.move(ended) {
 		h.mu.Unlock()
@@ -395,7 +387,7 @@ func (ss *sessions) closeAll() {
 	ss.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, h := range live {
-		wg.Go(func() { ss.end(h, endShutdown) })
+		wg.Go(func() { ss.end(h, runtime.EndShutdown) })
 	}
 	wg.Wait()
 }
@@ -417,8 +409,8 @@ func (ss *sessions) call(ctx context.Context, req *mcp.CallToolRequest, in execI
 	h, err := ss.claim(ctx, req, in, o)
 	if err != nil || endOnly {
 		if err == nil {
-			ss.release(h, endClosed)
-			return runtime.Result{}, 0, sessionOut{h.handle, endClosed}, nil
+			ss.release(h, runtime.EndClosed)
+			return runtime.Result{}, 0, sessionOut{h.handle, runtime.EndClosed}, nil
 		}
 		return runtime.Result{}, timeout, sessionOut{}, err
 	}
@@ -500,41 +492,41 @@ func (ss *sessions) make(ctx context.Context, h *held) error {
 
 // verdict is why a session call's result ends its session ("" when it
 // lives on), and the error the caller gets.
-func (ss *sessions) verdict(res runtime.Result, err error, endSession bool) (string, error) {
-	why := string(res.Ended)
+func (ss *sessions) verdict(res runtime.Result, err error, endSession bool) (runtime.SessionEnd, error) {
+	why := res.Ended
 	var gone *runtime.EndedError
 	switch {
 	case errors.As(err, &gone):
-		why = string(gone.Reason)
+		why = gone.Reason
 		err = &inputError{fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(why, ss.srv.opts))}
 	case errors.Is(err, runtime.ErrSandbox) && why == "":
 		// The sandbox could not run the call: the session goes with it.
-		why = string(runtime.EndExited)
+		why = runtime.EndExited
 	case why == "" && endSession:
-		why = endClosed
+		why = runtime.EndClosed
 	}
 	return why, err
 }
 
 // describeEnd says what an end reason means.
-func describeEnd(why string, o Options) string {
+func describeEnd(why runtime.SessionEnd, o Options) string {
 	switch why {
-	case endClosed:
+	case runtime.EndClosed:
 		return "closed: a call ended it with end_session, or the MCP session that opened it ended"
-	case endIdle:
+	case runtime.EndIdle:
 		return fmt.Sprintf("idle: no call for %s s (MCP_EXEC_PERSISTENT_IDLE_S)", fmtSeconds(o.PersistentIdle))
-	case endLifetime:
+	case runtime.EndLifetime:
 		return fmt.Sprintf("lifetime: it was open for %s s, the most (MCP_EXEC_PERSISTENT_LIFETIME_S)", fmtSeconds(o.PersistentLifetime))
-	case endShutdown:
+	case runtime.EndShutdown:
 		return "shutdown: the server stopped"
-	case string(runtime.EndTimeout):
+	case runtime.EndTimeout:
 		return "timeout: a call was still running a second after its KeyboardInterrupt, and the sandbox was killed"
-	case string(runtime.EndOOM):
+	case runtime.EndOOM:
 		return "oom: the memory or process limit was hit"
-	case string(runtime.EndExited):
+	case runtime.EndExited:
 		return "exited: the interpreter ended (sys.exit or a crash)"
 	}
-	return why
+	return string(why)
 }
 
 func clip(s string, n int) string {

@@ -33,7 +33,7 @@ type fakeSession struct {
 	order  *[]string
 	done   chan struct{}
 	closed sync.Once
-	ended  runtime.EndReason
+	ended  runtime.SessionEnd
 }
 
 func (f *fakeEngine) NewSession(ctx context.Context) (Session, error) {
@@ -78,8 +78,8 @@ func (s *fakeSession) Run(ctx context.Context, req runtime.Request) (runtime.Res
 	return res, nil
 }
 
-func (s *fakeSession) Done() <-chan struct{}    { return s.done }
-func (s *fakeSession) Ended() runtime.EndReason { return "" }
+func (s *fakeSession) Done() <-chan struct{}     { return s.done }
+func (s *fakeSession) Ended() runtime.SessionEnd { return "" }
 func (s *fakeSession) Close() error {
 	s.closed.Do(func() { close(s.done) })
 	return nil
@@ -274,7 +274,7 @@ func TestSessionAudit(t *testing.T) {
 		if r.Session != id {
 			t.Errorf("a record of the session names %q, want its digest %q: %s", r.Session, id, line)
 		}
-		events = append(events, r.Event+"/"+r.SessionEnded)
+		events = append(events, r.Event+"/"+string(r.SessionEnded))
 	}
 	// The start, the first call, then the end, written as the second call
 	// ends it, before that call's record.

@@ -107,7 +107,7 @@ func timeoutText(out execOutput, timeout time.Duration) string {
 	switch {
 	case out.Session == "":
 		return after + ": the sandbox was killed"
-	case out.SessionEnded == string(runtime.EndTimeout):
+	case out.SessionEnded == runtime.EndTimeout:
 		return after
 	case out.SessionEnded == "":
 		return after + ": the code was interrupted (KeyboardInterrupt) and stopped; the session and its variables live on"
