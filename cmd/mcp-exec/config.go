@@ -317,11 +317,13 @@ func (c *config) sandboxErrors() []error {
 }
 
 // rootfsOptions is what the default rootfs is built with.
-// With the network allowlist on, the rootfs has pip (Debian's
-// python3-pip), so that a sandbox can install from an index it allows.
+// With the network allowlist on, the rootfs built here has pip (Debian's
+// python3-pip), so that a sandbox can install from an index it allows; an
+// operator's rootfs or image has it or not, as its maker chose.
 func (c *config) rootfsOptions() rootfs.Options {
 	pkgs := c.Packages
-	if c.Egress.Enabled() && !slices.Contains(pkgs, "pip") && !slices.Contains(pkgs, "python3-pip") {
+	builtHere := c.Rootfs == "" && c.RootfsImage == ""
+	if c.Egress.Enabled() && builtHere && !slices.Contains(pkgs, "pip") && !slices.Contains(pkgs, "python3-pip") {
 		pkgs = append(slices.Clone(pkgs), "pip")
 	}
 	return rootfs.Options{Packages: pkgs, Shell: c.Shell, Preload: c.Preload}

@@ -207,3 +207,26 @@ func TestEgressDoctor(t *testing.T) {
 		t.Errorf("doctor with the process runtime without namespaces: status %d\n%s", code, out.String())
 	}
 }
+
+// The allowlist puts pip in the rootfs built here, and leaves an
+// operator's rootfs or image as its maker made it (the start-up proof
+// imports what the options name: pip there would refuse a rootfs without).
+func TestEgressPipInRootfs(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want bool
+	}{
+		{map[string]string{"MCP_EXEC_EGRESS_ALLOW": "pypi.org"}, true},
+		{map[string]string{"MCP_EXEC_EGRESS_ALLOW": "pypi.org", "MCP_EXEC_PACKAGES": "numpy"}, true},
+		{map[string]string{}, false},
+		{map[string]string{"MCP_EXEC_EGRESS_ALLOW": "pypi.org", "MCP_EXEC_ROOTFS": t.TempDir()}, false},
+	} {
+		cfg, err := loadEnv(tc.env, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(cfg.rootfsOptions().Packages, "pip"); got != tc.want {
+			t.Errorf("%v: pip in the rootfs's packages = %v, want %v", tc.env, got, tc.want)
+		}
+	}
+}

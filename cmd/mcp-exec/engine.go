@@ -148,7 +148,7 @@ func (e *engine) start(ctx context.Context) (retErr error) {
 	start := time.Now()
 	root, err := rootfs.Open(ctx, e.set.source, e.prove)
 	if err != nil {
-		return fmt.Errorf("the sandbox cannot start: %w", err)
+		return fmt.Errorf("the sandbox cannot start: %w", e.pipMissing(err))
 	}
 	e.log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
 	e.contents, e.pythonVersion = root.Contents, root.PythonVersion
@@ -306,7 +306,7 @@ func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, wh
 		return fmt.Errorf("the sandbox cannot start: finding python ({Python}): %w", err)
 	}
 	if e.contents, err = rootfs.Describe(py, e.set.source.Options); err != nil {
-		return fmt.Errorf("the sandbox cannot start: %w", err)
+		return fmt.Errorf("the sandbox cannot start: %w", e.pipMissing(err))
 	}
 	e.bundleCfg = e.bundleConfig(rootfs.Root{Dir: "/", Python: py.Path, Contents: e.contents})
 	if slices.Contains(e.contents.Modules, "matplotlib") {
@@ -325,6 +325,16 @@ func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, wh
 	}
 	e.pool = e.newPool(0, false)
 	return nil
+}
+
+// pipMissing says why a package is asked for that the operator did not
+// name: the allowlist puts pip in the rootfs (rootfsOptions).
+func (e *engine) pipMissing(err error) error {
+	var missing *rootfs.MissingPackagesError
+	if e.egress != nil && errors.As(err, &missing) && slices.Contains(missing.Packages(), "python3-pip") {
+		return fmt.Errorf("MCP_EXEC_EGRESS_ALLOW is set, which puts pip in the rootfs (from the host's Debian package): %w", err)
+	}
+	return err
 }
 
 // bundleConfig is what every sandbox of this engine on root shares.
