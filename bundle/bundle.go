@@ -48,6 +48,15 @@ const (
 	InitDir  = "/.mcp-exec"
 	InitName = "init"
 	InitPath = InitDir + "/" + InitName
+	// SiteName is the empty dir of the init dir where, with the network
+	// on, SiteDir is mounted: pip's per-sandbox user base (PYTHONUSERBASE),
+	// a tmpfs of its own (withNetwork). The runtime makes it beside the
+	// init.
+	SiteName = "site"
+	SiteDir  = InitDir + "/" + SiteName
+	// CABundlePath is the CA bundle the code's TLS clients trust with the
+	// network on, which the init writes read-only in its own CodeDir.
+	CABundlePath = CodeDir + "/ca-bundle.pem"
 	// InitMarker is the argument that makes the server's executable the
 	// sandbox's init (runtime/initproto renders it for the C init).
 	InitMarker = "__mcp_exec_init__"
@@ -78,12 +87,30 @@ type Config struct {
 	// starts at policy.CPUSharesPreparing, and the runtime gives it
 	// policy.CPUSharesCall when the call begins.
 	Ahead bool
+	// Network, when not nil, gives the sandbox the egress relay: the
+	// network allowlist is on (docs/network.md). Nil: no network at all.
+	Network *Network
 	// Template marks the bundle of a template (forked sandboxes): its
 	// init and interpreter hold policy.TemplateCapabilities under
 	// policy.TemplateSeccomp, to make each fork's sandbox; no caller's code
 	// runs in it.
 	Template bool
 }
+
+// Network is what a sandbox gets with the network allowlist on: its only
+// way out is the relay its init holds on 127.0.0.1:RelayPort, which hands
+// each connection to the server's egress proxy; it trusts the CA
+// certificates Trust returns (asked once per sandbox, as its bundle is
+// made: the proxy's CA is renewed while the server runs); and pip installs
+// into a tmpfs of its own on the import path.
+type Network struct {
+	RelayPort int
+	Trust     func() []byte
+}
+
+// MaxTrustBytes bounds the CA bundle a sandbox is given: the /code tmpfs
+// has room for it beside the code.
+const MaxTrustBytes = 4 << 20
 
 // Bundle is a bundle directory on disk and the spec written into it.
 type Bundle struct {
@@ -119,6 +146,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("environment setting %q is not in the sandbox's allowlist", kv))
 		}
 	}
+	if n := c.Network; n != nil && (n.RelayPort <= 0 || n.RelayPort > 65535 || n.Trust == nil) {
+		errs = append(errs, fmt.Errorf("the network's relay port must be 1-65535 and its trust set, got port %d", n.RelayPort))
+	}
 	if (c.PackagesDir == "") != (c.PackagesMount == "") || (c.PackagesDir != "" && (!filepath.IsAbs(c.PackagesDir) || !filepath.IsAbs(c.PackagesMount))) {
 		errs = append(errs, fmt.Errorf("packages dir %q and its mount point %q must both be absolute paths, or both empty", c.PackagesDir, c.PackagesMount))
 	}
@@ -144,7 +174,11 @@ func New(parent string, cfg Config, id string) (_ *Bundle, retErr error) {
 			os.RemoveAll(dir)
 		}
 	}()
-	return &Bundle{ID: id, Dir: dir, Spec: Spec(cfg), Init: initFor(cfg), Config: cfg}, nil
+	init := initFor(cfg)
+	if len(init.CABundle) > MaxTrustBytes {
+		return nil, fmt.Errorf("the sandbox's CA bundle is %d bytes, over %d", len(init.CABundle), MaxTrustBytes)
+	}
+	return &Bundle{ID: id, Dir: dir, Spec: Spec(cfg), Init: init, Config: cfg}, nil
 }
 
 // WriteSpec writes config.json from b.Spec; runtimes that read the bundle

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -23,6 +25,7 @@ var steps = []step{
 	{"hostname", withHostname},
 	{"namespaces", withNamespaces},
 	{"mounts", withMounts},
+	{"network", withNetwork},
 	{"devices", withDevices},
 	{"masking", withMasking},
 	{"capabilities", withCapabilities},
@@ -69,6 +72,13 @@ type Init struct {
 	// privilege, while a runtime outside the sandbox's user namespace
 	// cannot set them without CAP_SYS_RESOURCE.
 	Rlimits []specs.POSIXRlimit
+	// RelayPort, when not 0, is where the init listens on the sandbox's
+	// 127.0.0.1 for the code's connections to the egress proxy.
+	RelayPort int
+	// CABundle, when not empty, is written read-only at CABundlePath
+	// before the code starts: the certificates its TLS clients trust.
+	CABundle     []byte
+	CABundlePath string
 }
 
 // InitArgs is the init's command line. Everything else reaches the init
@@ -80,7 +90,7 @@ func InitArgs() []string { return []string{InitPath, InitMarker} }
 // would fill /tmp and leak memory) and a bound on open files.
 func initFor(cfg Config) Init {
 	lim := func(typ string, v uint64) specs.POSIXRlimit { return specs.POSIXRlimit{Type: typ, Hard: v, Soft: v} }
-	return Init{
+	in := Init{
 		UID: policy.UID, GID: policy.GID,
 		MaxOutputBytes: cfg.MaxOutputBytes, MaxFiles: cfg.MaxFiles, MaxFileBytes: cfg.MaxFileBytes,
 		WorkDir: policy.WorkDir,
@@ -88,6 +98,10 @@ func initFor(cfg Config) Init {
 		Argv:    []string{cfg.Python, CodePath},
 		Rlimits: []specs.POSIXRlimit{lim("RLIMIT_CORE", 0), lim("RLIMIT_NOFILE", cfg.Limits.OpenFiles)},
 	}
+	if n := cfg.Network; n != nil {
+		in.RelayPort, in.CABundle, in.CABundlePath = n.RelayPort, n.Trust(), CABundlePath
+	}
+	return in
 }
 
 // withProcess makes the init pid 1, as the container's root with the few
@@ -140,7 +154,7 @@ func withMounts(s *specs.Spec, cfg Config) {
 		// The init's: only it (the container's root) may write here, so
 		// the script the interpreter runs is the one the call sent.
 		{Destination: CodeDir, Type: "tmpfs", Source: "tmpfs",
-			Options: []string{"nosuid", "noexec", "nodev", "mode=755", fmt.Sprintf("size=%d", cfg.MaxCodeBytes+64<<10)}},
+			Options: []string{"nosuid", "noexec", "nodev", "mode=755", fmt.Sprintf("size=%d", codeDirBytes(cfg))}},
 		{Destination: InitDir, Type: "bind", Source: cfg.InitDir,
 			Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	}
@@ -151,6 +165,49 @@ func withMounts(s *specs.Spec, cfg Config) {
 		// executable: no noexec here.
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: cfg.PackagesMount, Type: "bind", Source: cfg.PackagesDir,
 			Options: []string{"rbind", "ro", "nosuid", "nodev", "rro", "rnosuid", "rnodev"}})
+	}
+}
+
+// codeDirBytes is the size of /code: the script, and with the network on
+// the CA bundle.
+func codeDirBytes(cfg Config) int64 {
+	n := cfg.MaxCodeBytes + 64<<10
+	if cfg.Network != nil {
+		n += MaxTrustBytes
+	}
+	return n
+}
+
+// withNetwork, with the network allowlist on, gives pip a place to install
+// into: a tmpfs at SiteDir, the code's, whose pages count against the
+// call's memory as /tmp's do, and as large as the memory limit (which
+// bounds it first). Unlike /tmp it is not noexec: the extension modules
+// of what pip installs are mapped executable (and so the code can run
+// what it writes there, as it can run what it downloads into memory). The
+// environment makes it pip's user base, where `pip install` puts packages
+// (PIP_USER), with no cache in /tmp, and the driver puts its site dir on
+// sys.path; Python's user site is on for it (PYTHONNOUSERSITE goes), so
+// that the interpreters the code starts find what pip installed too.
+// Python's own TLS, urllib's, requests' and pip's trust the CA bundle the
+// init writes; the proxy's settings are the caller's to add (Env).
+func withNetwork(s *specs.Spec, cfg Config) {
+	if cfg.Network == nil {
+		return
+	}
+	s.Mounts = append(s.Mounts, specs.Mount{Destination: SiteDir, Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", cfg.Limits.MemoryBytes)}})
+	s.Process.Env = slices.DeleteFunc(s.Process.Env, func(kv string) bool { return strings.HasPrefix(kv, "PYTHONNOUSERSITE=") })
+	s.Process.Env = append(s.Process.Env, NetworkEnv()...)
+}
+
+// NetworkEnv is what withNetwork adds to the sandbox's environment.
+func NetworkEnv() []string {
+	return []string{
+		"PYTHONUSERBASE=" + SiteDir, "PIP_USER=1", "PIP_NO_CACHE_DIR=1", "PIP_NO_WARN_SCRIPT_LOCATION=1",
+		// Debian marks its Python externally managed (PEP 668), which
+		// refuses user installs too: the site dir is the sandbox's own.
+		"PIP_BREAK_SYSTEM_PACKAGES=1",
+		"SSL_CERT_FILE=" + CABundlePath, "REQUESTS_CA_BUNDLE=" + CABundlePath, "PIP_CERT=" + CABundlePath,
 	}
 }
 

@@ -129,15 +129,26 @@ func Env() []string {
 }
 
 // EnvAllowed reports whether key may be set in the sandbox's environment:
-// the keys of Env, the Python settings, and the few settings that tell
+// the keys of Env, the Python settings, the few settings that tell
 // numeric and plotting libraries how to behave in a sandbox (how many
-// threads a CPU quota allows, which matplotlib backend saves figures). A
-// secret of the server has no business in any of them.
+// threads a CPU quota allows, which matplotlib backend saves figures),
+// and, with the network allowlist on, where HTTP clients find the relay
+// and whom they trust, and pip's settings. A secret of the server has no
+// business in any of them (the egress proxy adds credentials outside the
+// sandbox; an index URL with credentials in it is refused).
 func EnvAllowed(key string) bool {
 	switch key {
 	case "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR",
-		"MPLBACKEND", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_MAX_THREADS":
+		"MPLBACKEND", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_MAX_THREADS",
+		"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy",
+		"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE":
 		return true
 	}
-	return strings.HasPrefix(key, "PYTHON")
+	return strings.HasPrefix(key, "PYTHON") || strings.HasPrefix(key, "PIP_")
 }
+
+// RelayPort is where, with the network allowlist on, the sandbox's init
+// listens on the sandbox's own 127.0.0.1 and relays each connection to the
+// server's egress proxy: the one way out of a network namespace that has
+// only lo. Squid's port, as HTTP proxies are found on.
+const RelayPort = 3128

@@ -98,3 +98,26 @@ func ProcessSeccomp() *specs.LinuxSeccomp {
 	s.Syscalls = rules
 	return s
 }
+
+// ProcessSeccompNetwork is the process runtime's filter for a call with
+// the network allowlist on, which the runtime gives only a call in
+// namespaces of its own: ProcessSeccomp, with IPv4 sockets allowed too.
+// Its network namespace has only lo, where the egress relay listens (and
+// the code's Landlock domain may connect to the relay's port and no other,
+// bind none), so they reach the relay and nothing of the machine's.
+func ProcessSeccompNetwork() *specs.LinuxSeccomp {
+	s := ProcessSeccomp()
+	s.Syscalls = append(s.Syscalls, specs.LinuxSyscall{
+		Names:  []string{"socket"},
+		Action: specs.ActAllow,
+		Args:   []specs.LinuxSeccompArg{{Index: 0, Value: uint64(unix.AF_INET), Op: specs.OpEqualTo}},
+	})
+	return s
+}
+
+// ProcessNetworkReadable is what a process-runtime call with the network
+// allowlist reads besides ProcessReadable: what pip reads of the system
+// to name it in its User-Agent.
+func ProcessNetworkReadable() []string {
+	return []string{"/etc/debian_version", "/etc/lsb-release"}
+}

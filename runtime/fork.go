@@ -223,12 +223,20 @@ type templateKey struct {
 	env                        string // NUL-separated
 	limits                     policy.Limits
 	caps                       policy.CallCaps
+	// relay is the network's relay port, 0 without the network (whose
+	// site dir is a mount of the template's); the CA bundle is each
+	// fork's own, written by its init.
+	relay int
 }
 
 func keyOf(cfg bundle.Config) templateKey {
-	return templateKey{rootfs: cfg.Rootfs, python: cfg.Python, initDir: cfg.InitDir,
+	k := templateKey{rootfs: cfg.Rootfs, python: cfg.Python, initDir: cfg.InitDir,
 		packagesDir: cfg.PackagesDir, packagesMount: cfg.PackagesMount, env: strings.Join(cfg.Env, "\x00"),
 		limits: cfg.Limits, caps: cfg.CallCaps}
+	if cfg.Network != nil {
+		k.relay = cfg.Network.RelayPort
+	}
+	return k
 }
 
 // acquire returns a template for b's sandboxes that nothing else uses,

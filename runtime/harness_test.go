@@ -455,6 +455,7 @@ type runOpts struct {
 	timeout   time.Duration
 	maxOutput int64
 	ctx       context.Context
+	egress    runtime.Egress
 }
 
 // run runs code in a fresh container and asserts that nothing of it is
@@ -465,7 +466,7 @@ func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, erro
 	for _, f := range opts {
 		f(&o)
 	}
-	req := runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files, Timeout: o.timeout, MaxOutputBytes: o.maxOutput}
+	req := runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files, Timeout: o.timeout, MaxOutputBytes: o.maxOutput, Egress: o.egress}
 	if h.session {
 		return h.runInSession(o.ctx, req)
 	}
@@ -559,6 +560,7 @@ func withFiles(f ...runtime.File) func(*runOpts)     { return func(o *runOpts) {
 func withTimeout(d time.Duration) func(*runOpts)     { return func(o *runOpts) { o.timeout = d } }
 func withMaxOutput(n int64) func(*runOpts)           { return func(o *runOpts) { o.maxOutput = n } }
 func withContext(ctx context.Context) func(*runOpts) { return func(o *runOpts) { o.ctx = ctx } }
+func withEgress(eg runtime.Egress) func(*runOpts)    { return func(o *runOpts) { o.egress = eg } }
 
 // assertClean checks that the call left no bundle, container state,
 // cgroup, mount or process.

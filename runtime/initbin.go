@@ -11,9 +11,11 @@ import (
 )
 
 // installInit copies this executable into dir as bundle.InitName, for the
-// sandboxes to run as their init. A copy, not the installed file: an
-// upgrade of the binary on disk must not change what running servers'
-// sandboxes start, and the instance dir is removed with the instance.
+// sandboxes to run as their init, beside the empty mount point of pip's
+// site dir (bundle.SiteName), which sandboxes with the network have. A
+// copy, not the installed file: an upgrade of the binary on disk must not
+// change what running servers' sandboxes start, and the instance dir is
+// removed with the instance.
 func installInit(dir string) error {
 	self, err := os.Open("/proc/self/exe")
 	if err != nil {
@@ -27,6 +29,9 @@ func installInit(dir string) error {
 		return fmt.Errorf("creating the init dir: %w", err)
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("creating the init dir: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, bundle.SiteName), 0o755); err != nil {
 		return fmt.Errorf("creating the init dir: %w", err)
 	}
 	dst := filepath.Join(dir, bundle.InitName)

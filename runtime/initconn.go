@@ -70,6 +70,10 @@ type initConn struct {
 	// configuration first.
 	wmu       sync.Mutex
 	writeOnce sync.Once
+
+	// relay is the sandbox's egress relay, on the server's side: its
+	// frames come and go on the init's streams (relay.go).
+	relay *relay
 }
 
 // newInitConn starts reading frames from the init's stdout and its stderr.
@@ -82,6 +86,7 @@ func newInitConn(to, from, diag *os.File) *initConn {
 		diag:   newCappedBuffer(64 << 10),
 		out:    newCallOutput(),
 	}
+	s.relay = newRelay(to, &s.wmu)
 	go drain(diag, s.diag, make(chan struct{}))
 	go s.read(from)
 	return s
@@ -92,6 +97,7 @@ func newInitConn(to, from, diag *os.File) *initConn {
 func (s *initConn) read(from *os.File) {
 	defer from.Close()
 	defer func() { s.events <- event{at: time.Now()} }()
+	defer s.relay.shutdown()
 	r := bufio.NewReaderSize(from, 64<<10)
 	var head [5]byte
 	for {
@@ -150,6 +156,8 @@ func (s *initConn) read(from *os.File) {
 			s.mu.Unlock()
 		case initproto.IError:
 			s.events <- event{kind: initproto.IError, msg: string(payload)}
+		case initproto.INet:
+			s.relay.frame(payload)
 		case initproto.IForked, initproto.IReaped:
 			if n == 4 {
 				s.events <- event{kind: head[0], at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload))}

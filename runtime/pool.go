@@ -113,6 +113,7 @@ func NewPool(cfg PoolConfig) *Pool {
 // to a fresh one; and the sandbox is torn down after the call in the
 // background, off the call's time, with or without sandboxes kept ready.
 func (p *Pool) Run(ctx context.Context, req Request) (Result, error) {
+	defer req.closeEgress()
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}

@@ -72,10 +72,13 @@ type ProcessRuntime struct {
 	live liveSet
 
 	iso     ProcessIsolation
-	seccomp []byte     // the code's filter; nil when the host refuses one
-	read    []string   // what every call's domain may read, besides its own
-	uids    *uidPool   // under root: a uid per call
-	reaper  *subreaper // nil when the host refuses the subreaper
+	seccomp []byte // the code's filter; nil when the host refuses one
+	// seccompNet is the code's filter with the network allowlist on
+	// (process_network.go).
+	seccompNet []byte
+	read       []string   // what every call's domain may read, besides its own
+	uids       *uidPool   // under root: a uid per call
+	reaper     *subreaper // nil when the host refuses the subreaper
 
 	interp sync.Map // interpreter path → its rules (interpreterRules)
 }
@@ -218,6 +221,7 @@ func (r *ProcessRuntime) probe() error {
 			r.iso.Seccomp = false
 			r.iso.Missing = append(r.iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
 		}
+		r.seccompNet, _ = compileNetworkSeccomp() // NetworkUsable refuses without it
 	}
 	var refused error
 	if r.cfg.ProcessNamespaces != NamespacesOff {
@@ -313,6 +317,11 @@ func (r *ProcessRuntime) Close() error {
 // Prepare starts the init for b's process in a fresh working dir, and
 // returns once the interpreter waits for its code.
 func (r *ProcessRuntime) Prepare(ctx context.Context, cfg bundle.Config) (Sandbox, error) {
+	if cfg.Network != nil {
+		if err := r.NetworkUsable(); err != nil {
+			return nil, err
+		}
+	}
 	b, err := newBundle(r.dir, processInitDir, cfg, uuid.NewString())
 	if err != nil {
 		return nil, err
@@ -331,6 +340,7 @@ type procContainer struct {
 	b    *bundle.Bundle
 	cfg  *initproto.Config
 	work string
+	code string
 	uid  *claim // root: the call's own uid
 
 	mu  sync.Mutex
@@ -348,6 +358,11 @@ func (pc *procContainer) create(context.Context) error {
 	for _, d := range []string{work, code} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return fmt.Errorf("%w: %w", ErrSandbox, err)
+		}
+	}
+	if b.Config.Network != nil {
+		if err := makeSiteDir(b); err != nil {
+			return err
 		}
 	}
 	if err := os.Chmod(b.Dir, 0o711); err != nil {
@@ -375,7 +390,7 @@ func (pc *procContainer) create(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSandbox, err)
 	}
-	pc.cfg, pc.work = cfg, work
+	pc.cfg, pc.work, pc.code = cfg, work, code
 	return nil
 }
 
@@ -388,7 +403,7 @@ func (pc *procContainer) stdio() (child, parent [3]*os.File, err error) { return
 func (pc *procContainer) start(child [3]*os.File) error {
 	cmd := exec.Command("/proc/self/exe", initproto.InitMarker)
 	cmd.Args[0] = "mcp-exec-init"
-	cmd.Env = processEnv(pc.b.Spec.Process.Env, pc.work)
+	cmd.Env = networkEnv(processEnv(pc.b.Spec.Process.Env, pc.work), pc.b, pc.code)
 	cmd.Dir = pc.work
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = child[0], child[1], child[2]
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -510,7 +525,13 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 			p.Read = append(p.Read, filepath.SplitList(v)...)
 		}
 	}
-	return &initproto.Config{Init: in, Process: p, Seccomp: r.seccomp}, nil
+	seccomp := r.seccomp
+	if b.Config.Network != nil {
+		if seccomp, err = r.withNetwork(b, &in, p, code, uid, gid); err != nil {
+			return nil, err
+		}
+	}
+	return &initproto.Config{Init: in, Process: p, Seccomp: seccomp}, nil
 }
 
 // interpreterRules are what the code must execute to run the interpreter

@@ -81,6 +81,20 @@ type Request struct {
 	// Phases, when not nil, is told each phase of the call once it is
 	// over (phases.go).
 	Phases PhaseFunc
+	// Egress, when not nil, takes the connections the code opens to its
+	// sandbox's egress relay (a sandbox of a bundle.Config with a
+	// Network), for this call only; the runtime closes it as the call
+	// ends. Nil: they are closed as they come.
+	Egress Egress
+}
+
+// closeEgress closes the call's Egress, if any: the call is over, and
+// nothing of its network may outlive it. The entry points of a call (Run,
+// Sandbox.Run, Pool.Run, Session.Run) do it once every attempt is over.
+func (r Request) closeEgress() {
+	if r.Egress != nil {
+		r.Egress.Close()
+	}
 }
 
 // File is a file of a call: one written under /tmp before the code starts,
@@ -186,6 +200,10 @@ type Result struct {
 	// Ended says why a session's sandbox takes no more calls: "" while it
 	// does (and for a call that is not a session's).
 	Ended SessionEnd
+	// Egress is what the call's code asked the egress proxy for, as the
+	// caller that gave the call its Egress reads it back (the runtime
+	// only relays).
+	Egress []EgressDestination
 }
 
 // LeftOut is an entry of /tmp/outputs that did not come back.
@@ -285,6 +303,7 @@ type Sandbox interface {
 // Run prepares a sandbox of cfg, runs it once and tears it down before
 // it returns (a Pool tears down in the background instead).
 func Run(ctx context.Context, rt Runtime, cfg bundle.Config, req Request) (Result, error) {
+	defer req.closeEgress()
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}

@@ -214,6 +214,7 @@ func (sb *sandbox) launch(child [3]*os.File) error {
 
 // Run runs the code of a valid request.
 func (sb *sandbox) Run(ctx context.Context, req Request) (Result, error) {
+	defer req.closeEgress()
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}

@@ -340,6 +340,8 @@ func TestNoNetwork(t *testing.T) {
 			Loopback   string
 			HostIP     string
 			DNS        string
+			Relay      string
+			Proxy      string
 		}
 		h.probe(fmt.Sprintf(`import json, socket
 def try_connect(host, port):
@@ -353,14 +355,20 @@ def try_dns():
         socket.getaddrinfo("example.com", 80); return "resolved"
     except OSError as e:
         return type(e).__name__
+import os
 print(json.dumps({"Interfaces": [n for _, n in socket.if_nameindex()],
-  "Loopback": try_connect("127.0.0.1", %d), "HostIP": try_connect(%q, %d), "DNS": try_dns()}))`,
-			loPort, hostIP, allPort), &got)
+  "Loopback": try_connect("127.0.0.1", %d), "HostIP": try_connect(%q, %d), "DNS": try_dns(),
+  "Relay": try_connect("127.0.0.1", %d), "Proxy": os.environ.get("HTTPS_PROXY", "")}))`,
+			loPort, hostIP, allPort, policy.RelayPort), &got)
 		if !slices.Equal(got.Interfaces, []string{"lo"}) {
 			t.Errorf("interfaces = %v, want [lo]", got.Interfaces)
 		}
 		if got.Loopback == "connected" || got.HostIP == "connected" || got.DNS == "resolved" {
 			t.Errorf("network reachable: loopback %s, host ip %s %s, dns %s", got.Loopback, hostIP, got.HostIP, got.DNS)
+		}
+		// Without the allowlist nothing listens for it: no relay.
+		if got.Relay == "connected" || got.Proxy != "" {
+			t.Errorf("without the allowlist: the relay's port %d %s, HTTPS_PROXY %q", policy.RelayPort, got.Relay, got.Proxy)
 		}
 		select {
 		case a := <-accepted:

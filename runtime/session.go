@@ -73,6 +73,7 @@ func (p *Pool) NewSession(ctx context.Context, cfg SessionConfig) (*Session, err
 // calls (its interpreter exited, or the memory limit killed it) gives an
 // *EndedError.
 func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
+	defer req.closeEgress()
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}

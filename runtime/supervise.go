@@ -61,6 +61,12 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 	}
 	s.watch(req.Live)
 	defer s.watch(nil)
+	if req.Egress != nil {
+		// The code's connections are the call's from its first byte, and
+		// none outlives it (a session's thread may hold one on).
+		s.relay.begin(ctx, req.Egress)
+		defer s.relay.end()
+	}
 	s.send(req)
 	k := &call{ctx: ctx, c: c, conn: s, req: req, exited: exited, stopTimer: func() {}}
 	k.serve()

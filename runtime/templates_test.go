@@ -168,6 +168,11 @@ func change(t *testing.T, name string, f reflect.Value) {
 		f.SetUint(f.Uint() + 1)
 	case reflect.Float64:
 		f.SetFloat(f.Float() + 1)
+	case reflect.Pointer:
+		if f.IsNil() {
+			f.Set(reflect.New(f.Type().Elem()))
+		}
+		change(t, name, f.Elem())
 	default:
 		t.Fatalf("%s: no change for a %s", name, f.Kind())
 	}

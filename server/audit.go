@@ -43,6 +43,9 @@ type auditRecord struct {
 	// Event is "session_start" or "session_end" for a record of a
 	// persistent session rather than of a call.
 	Event string `json:"event,omitempty"`
+	// Egress is each host the call's code asked the network allowlist's
+	// proxy for, reached or refused, with the bytes each way.
+	Egress []runtime.EgressDestination `json:"egress,omitempty"`
 }
 
 // auditSession records a persistent session's start or end.
@@ -66,6 +69,7 @@ func (r *auditRecord) setResult(res runtime.Result, timeout time.Duration, err e
 	if err != nil {
 		r.Error = err.Error()
 	}
+	r.Egress = res.Egress // what the network saw, whether the code ran to its end or not
 	if res.Duration == 0 && err != nil {
 		return // the code never ran
 	}

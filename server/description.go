@@ -15,6 +15,8 @@ import (
 
 func (s *Server) tool() *mcp.Tool {
 	f := false
+	// The network allowlist opens the code to the hosts it names.
+	world := s.info.Network != ""
 	return &mcp.Tool{
 		Name:        "exec",
 		Title:       "Run Python in a sandbox",
@@ -57,7 +59,7 @@ func (s *Server) tool() *mcp.Tool {
 			ReadOnlyHint:    false,
 			DestructiveHint: &f, // each call gets a fresh container; nothing outside it changes
 			IdempotentHint:  false,
-			OpenWorldHint:   &f, // no network
+			OpenWorldHint:   &world, // no network, unless the allowlist names hosts
 		},
 	}
 }
@@ -77,11 +79,15 @@ func (s *Server) description() string {
 	// directory is, and the model must write there by relative paths.
 	process := info.Runtime == string(runtime.Process)
 	dir, outputs := policy.WorkDir, policy.OutputsDir
+	network := "There is no network access."
+	if info.Network != "" {
+		network = info.Network
+	}
 	if process {
 		dir, outputs = "the working directory", "outputs/ in the working directory"
-		fmt.Fprintf(&b, "There is no network access. The code may write only in its working directory, its own /tmp (also $TMPDIR and $HOME, %d MiB in all): use relative paths; the machine's /tmp and everything else are read-only. ", o.Limits.TmpfsBytes/mib)
+		fmt.Fprintf(&b, "%s The code may write only in its working directory, its own /tmp (also $TMPDIR and $HOME, %d MiB in all): use relative paths; the machine's /tmp and everything else are read-only. ", network, o.Limits.TmpfsBytes/mib)
 	} else {
-		fmt.Fprintf(&b, "There is no network access. The filesystem is read-only except /tmp (the working directory, a %d MiB tmpfs). ", o.Limits.TmpfsBytes/mib)
+		fmt.Fprintf(&b, "%s The filesystem is read-only except /tmp (the working directory, a %d MiB tmpfs). ", network, o.Limits.TmpfsBytes/mib)
 	}
 	if len(info.Modules) == 0 {
 		b.WriteString("Only the Python standard library is available. ")

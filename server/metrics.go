@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,9 +12,12 @@ import (
 // The server's metrics: what it sees of each call (its verdict, how long
 // it waited and ran, what it used) and of its own state (slots, queue,
 // persistent sessions, HTTP sessions). Labels are a fixed vocabulary —
-// runtime, verdict, stream — never a call's code, output, client or a
-// session handle: each value a caller could choose would be a new series,
-// and a handle in a label would hand it to whoever reads the metrics.
+// runtime, verdict, stream, allowed, direction — never a call's code,
+// output, client or a session handle: each value a caller could choose
+// would be a new series, and a handle in a label would hand it to whoever
+// reads the metrics. Nor a host of the network allowlist's: the code
+// names the hosts it asks for (refused ones included, and any name under
+// a wildcard), so the hosts are in the audit log, not in a label.
 
 // Verdicts, a call's outcome in one word, for the metrics, the log line and
 // the trace. The order in verdictOf is the precedence.
@@ -44,6 +48,8 @@ type metrics struct {
 	peakMemory prometheus.Observer
 	output     *prometheus.CounterVec
 	truncated  *prometheus.CounterVec
+	egress     *prometheus.CounterVec
+	egressIO   *prometheus.CounterVec
 }
 
 // newMetrics registers the server's collectors with reg: the per-call ones
@@ -58,6 +64,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Help: "Bytes the code wrote, by stream, including what went past the cap."}, []string{"stream"}),
 		truncated: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mcp_exec_call_truncations_total",
 			Help: "Calls whose stream went past its cap (MCP_EXEC_MAX_OUTPUT_BYTES), by stream."}, []string{"stream"}),
+		egress: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mcp_exec_egress_destinations_total",
+			Help: "Hosts calls asked the network allowlist's proxy for (each host:port once a call), by whether it let them through."}, []string{"allowed"}),
+		egressIO: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mcp_exec_egress_bytes_total",
+			Help: "Bytes calls moved to (out) and from (in) the hosts the network allowlist let them reach, TLS included."}, []string{"direction"}),
 	}
 	hist := func(name, help string, buckets []float64) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets,
@@ -78,10 +88,14 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		m.output.WithLabelValues(st)
 		m.truncated.WithLabelValues(st)
 	}
+	for i, v := range []string{"true", "false"} {
+		m.egress.WithLabelValues(v)
+		m.egressIO.WithLabelValues([]string{"out", "in"}[i])
+	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
-	cs := []prometheus.Collector{m.calls, m.output, m.truncated, duration, queueWait, cpu, peak,
+	cs := []prometheus.Collector{m.calls, m.output, m.truncated, m.egress, m.egressIO, duration, queueWait, cpu, peak,
 		gauge("mcp_exec_slots", "Concurrency slots: calls that may run at once (MCP_EXEC_MAX_CONCURRENCY).",
 			func() float64 { return float64(cap(s.sem)) }),
 		gauge("mcp_exec_slots_in_use", "Concurrency slots held by running calls.",
@@ -114,6 +128,11 @@ func (m *metrics) observe(verdict string, res runtime.Result, ran bool, queue ti
 		return
 	}
 	m.calls.WithLabelValues(runtimeName, verdict).Inc()
+	for _, d := range res.Egress {
+		m.egress.WithLabelValues(strconv.FormatBool(d.Allowed)).Inc()
+		m.egressIO.WithLabelValues("out").Add(float64(d.BytesOut))
+		m.egressIO.WithLabelValues("in").Add(float64(d.BytesIn))
+	}
 	if queued {
 		m.queueWait.Observe(queue.Seconds())
 	}

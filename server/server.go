@@ -67,6 +67,9 @@ type EngineInfo struct {
 	// Note is a sentence the description adds, e.g. what isolation a
 	// weaker runtime gives.
 	Note string
+	// Network, with the network allowlist on, says what the code can
+	// reach and how (pip included); empty: no network at all.
+	Network string
 }
 
 // Server runs exec calls: it validates input, bounds concurrency and the
@@ -160,6 +163,17 @@ type execOutput struct {
 	ResultTruncated bool               `json:"result_truncated" jsonschema:"result went past the output cap and was cut"`
 	Session         string             `json:"session" jsonschema:"the persistent session's handle when the call ran in one, else empty"`
 	SessionEnded    runtime.SessionEnd `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, oom, exited, idle, lifetime or shutdown"`
+	Egress          []egressDest       `json:"egress" jsonschema:"each host:port the code asked the network proxy for (with the network allowlist on; else empty), in the order first asked: bytes each way, and whether it was allowed"`
+}
+
+// egressDest is one destination of a call's network.
+type egressDest struct {
+	Host     string `json:"host" jsonschema:"the host as the code named it"`
+	Port     int    `json:"port" jsonschema:"the port"`
+	BytesOut int64  `json:"bytes_out" jsonschema:"bytes sent to the host (TLS included)"`
+	BytesIn  int64  `json:"bytes_in" jsonschema:"bytes received from the host (TLS included)"`
+	Allowed  bool   `json:"allowed" jsonschema:"the proxy let the code reach it"`
+	Refused  string `json:"refused,omitempty" jsonschema:"why the proxy refused it, when not allowed"`
 }
 
 // origin is what carried a call: Done of ctx means its client is gone (nil:
@@ -442,7 +456,12 @@ func outputOf(res runtime.Result, runtimeName string) execOutput {
 	for i, l := range res.FilesLeftOut {
 		left[i] = leftOutFile{Path: l.Path, Size: l.Size, Why: string(l.Why)}
 	}
+	egress := make([]egressDest, len(res.Egress))
+	for i, d := range res.Egress {
+		egress[i] = egressDest{Host: d.Host, Port: d.Port, BytesOut: d.BytesOut, BytesIn: d.BytesIn, Allowed: d.Allowed, Refused: d.Refused}
+	}
 	return execOutput{
+		Egress:          egress,
 		Files:           files,
 		FilesTruncated:  res.FilesTruncated,
 		FilesLeftOut:    left,

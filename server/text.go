@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,7 +51,7 @@ func (o Options) textBytes() int {
 // summary is the text block.
 func (s *Server) summary(c callText) string {
 	budget := s.opts.textBytes()
-	head := clipText(s.verdictLine(c)+s.filesText(c), budget/2)
+	head := clipText(s.verdictLine(c)+networkText(c.out.Egress)+s.filesText(c), budget/2)
 	out := c.out
 	parts := []textPart{{"result", out.Result}, {"stdout", out.Stdout}, {"stderr", out.Stderr}}
 	return head + fitParts(parts, budget-len(head))
@@ -160,6 +161,44 @@ func (s *Server) filesText(c callText) string {
 		fmt.Fprintf(&b, "files were left out of %s for the limits (%d files, %d bytes in all)\n", policy.OutputsDir, o.MaxFiles, o.MaxFileBytes)
 	}
 	return b.String()
+}
+
+// networkText lists, on one line, the hosts the code reached through the
+// network allowlist's proxy and what went each way, and those refused
+// and why: the first few of each, the rest in egress.
+func networkText(ds []egressDest) string {
+	if len(ds) == 0 {
+		return ""
+	}
+	const listed = 5
+	var reached, refused []string
+	more := 0
+	for _, d := range ds {
+		hp := shownName(net.JoinHostPort(d.Host, strconv.Itoa(d.Port)))
+		switch {
+		case d.Allowed && len(reached) < listed:
+			reached = append(reached, fmt.Sprintf("%s (%d bytes out, %d in)", hp, d.BytesOut, d.BytesIn))
+		case !d.Allowed && len(refused) < listed:
+			refused = append(refused, fmt.Sprintf("%s (%s)", hp, clip(d.Refused, 120)))
+		default:
+			more++
+		}
+	}
+	var b strings.Builder
+	b.WriteString("network:")
+	if len(reached) > 0 {
+		b.WriteString(" reached " + strings.Join(reached, ", "))
+	}
+	if len(refused) > 0 {
+		if len(reached) > 0 {
+			b.WriteString(";")
+		}
+		b.WriteString(" refused " + strings.Join(refused, ", "))
+	}
+	if more > 0 {
+		fmt.Fprintf(&b, "; and %d more (egress)", more)
+	}
+	return b.String() + "\n"
 }
 
 // leftOutText says why an output was left out.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -316,8 +317,16 @@ func (c *config) sandboxErrors() []error {
 }
 
 // rootfsOptions is what the default rootfs is built with.
+// With the network allowlist on, the rootfs built here has pip (Debian's
+// python3-pip), so that a sandbox can install from an index it allows; an
+// operator's rootfs or image has it or not, as its maker chose.
 func (c *config) rootfsOptions() rootfs.Options {
-	return rootfs.Options{Packages: c.Packages, Shell: c.Shell, Preload: c.Preload}
+	pkgs := c.Packages
+	builtHere := c.Rootfs == "" && c.RootfsImage == ""
+	if c.Egress.Enabled() && builtHere && !slices.Contains(pkgs, "pip") && !slices.Contains(pkgs, "python3-pip") {
+		pkgs = append(slices.Clone(pkgs), "pip")
+	}
+	return rootfs.Options{Packages: pkgs, Shell: c.Shell, Preload: c.Preload}
 }
 
 func parsePoolSize(s string) (int, error) {

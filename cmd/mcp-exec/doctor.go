@@ -170,9 +170,7 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	case runtime.Runsc:
 		r.Runtime.Mode, starts = modeFull, rsAvail
 	}
-	if r.Egress = egressReportFor(cfg); r.Egress.Error != "" {
-		r.OK, starts = false, false
-	}
+	r.Egress = egressReportFor(cfg)
 	if !starts {
 		r.Runtime.Mode = modeRefuse
 	}
@@ -195,6 +193,9 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			r.Blame = "rootfs"
 			if errors.Is(err, runtime.ErrUnsupported) {
 				r.Blame = "runtime"
+			}
+			if errors.Is(err, runtime.ErrNetworkUnsupported) {
+				r.Egress.Error, r.Rootfs.Error = err.Error(), ""
 			}
 		} else {
 			r.Runtime.Resolved = sb.rt.Kind()

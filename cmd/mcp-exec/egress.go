@@ -5,15 +5,22 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 
+	"github.com/google/uuid"
+
+	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/egress"
+	"github.com/inhuman/mcp-exec/policy"
+	"github.com/inhuman/mcp-exec/runtime"
 )
 
-// Network by allowlist: its settings, what doctor says of them, and the
-// refusal to start while no runtime relays a sandbox's connections to the
-// egress proxy. The proxy itself is package egress.
+// Network by allowlist: its settings, the proxy the engine makes of them
+// and what each sandbox gets of it, each call's record, and what doctor
+// and the tool's description say. The proxy itself is package egress; the
+// relay in each sandbox, runtime's.
 
 // egressSettings are the variables of the network allowlist, offered by
 // every subcommand that makes sandboxes.
@@ -30,19 +37,6 @@ func (c *config) egressSettings() []setting {
 
 func rulesValue(p *[]egress.Rule) *value[[]egress.Rule] {
 	return &value[[]egress.Rule]{p: p, parse: egress.ParseRules, format: egress.FormatRules}
-}
-
-// egressUnavailable refuses to start sandboxes with an allowlist set: no
-// runtime relays a sandbox's connections to the proxy yet, and a server
-// that ignored the setting would run with another network than its
-// operator configured. It fails closed until the wiring lands.
-func egressUnavailable(cfg config) error {
-	if !cfg.Egress.Enabled() {
-		return nil
-	}
-	return fmt.Errorf("MCP_EXEC_EGRESS_ALLOW is set (%s), but network egress is not available in this build yet: "+
-		"no runtime relays a sandbox's connections to the egress proxy, and the server will not ignore the allowlist; "+
-		"unset MCP_EXEC_EGRESS_ALLOW (and the other MCP_EXEC_EGRESS_* settings) to run sandboxes with no network", egress.FormatRules(cfg.Egress.Allow))
 }
 
 // egressConfig is the proxy's configuration from the server's: the
@@ -91,9 +85,6 @@ func egressReportFor(cfg config) *egressReport {
 			}
 		}
 	}
-	if err := egressUnavailable(cfg); err != nil {
-		r.Error = err.Error()
-	}
 	return r
 }
 
@@ -120,7 +111,114 @@ func printEgress(w io.Writer, r *egressReport) {
 		fmt.Fprintf(w, "  pip index: %s\n", r.PipIndex)
 	}
 	fmt.Fprintf(w, "  refused:   %s\n", r.Refused)
+	fmt.Fprintf(w, "  sandboxes: reach these through a relay on their own 127.0.0.1:%d (HTTP_PROXY, HTTPS_PROXY); pip installs into each sandbox's own site dir\n", policy.RelayPort)
 	if r.Error != "" {
-		fmt.Fprintf(w, "  status:    NOT AVAILABLE in this build yet: the server refuses to start with it (the verdict says why)\n")
+		fmt.Fprintf(w, "  status:    NOT AVAILABLE with this runtime here: the server refuses to start with it (the verdict says why)\n")
 	}
+}
+
+// egressWiring is the engine's side of the network allowlist: the proxy,
+// and what each sandbox gets of it.
+type egressWiring struct {
+	proxy *egress.Proxy
+	// system is the server's own CA certificates (those Go verifies
+	// upstream TLS with), which the sandbox's bundle extends: the
+	// default rootfs holds no /etc of the host, and so no CA bundle.
+	system []byte
+}
+
+// newEgress makes the proxy of cfg's allowlist, or nil without one.
+func newEgress(cfg config, log *slog.Logger) (*egressWiring, error) {
+	if !cfg.Egress.Enabled() {
+		return nil, nil
+	}
+	p, err := egress.New(egressConfig(cfg, log))
+	if err != nil {
+		return nil, err
+	}
+	w := &egressWiring{proxy: p, system: systemCAs()}
+	if len(w.system) == 0 {
+		log.Warn("no system CA bundle found: sandboxes trust only MCP_EXEC_EGRESS_CA_FILE's certificates (and the proxy's, with secrets)")
+	}
+	return w, nil
+}
+
+// systemCAFiles are where Go looks for the system's CA bundle on Linux
+// (crypto/x509's root_linux.go), SSL_CERT_FILE first.
+var systemCAFiles = []string{
+	"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem",
+	"/etc/pki/tls/cacert.pem", "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", "/etc/ssl/cert.pem",
+}
+
+func systemCAs() []byte {
+	files := systemCAFiles
+	if f := os.Getenv("SSL_CERT_FILE"); f != "" {
+		files = append([]string{f}, files...)
+	}
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && len(b) > 0 {
+			if b[len(b)-1] != '\n' {
+				b = append(b, '\n')
+			}
+			return b
+		}
+	}
+	return nil
+}
+
+// network is what every sandbox's bundle gets: the relay, the CA bundle
+// (asked for each sandbox: the proxy's CA is renewed while it runs), and
+// the proxy's variables, less those the bundle sets itself.
+func (w *egressWiring) network(bc *bundle.Config) {
+	if w == nil {
+		return
+	}
+	bc.Network = &bundle.Network{RelayPort: policy.RelayPort, Trust: func() []byte {
+		return append(append([]byte(nil), w.system...), w.proxy.TrustPEM()...)
+	}}
+	own := map[string]bool{}
+	for _, kv := range bundle.NetworkEnv() {
+		k, _, _ := strings.Cut(kv, "=")
+		own[k] = true
+	}
+	for _, kv := range w.proxy.SandboxEnv(policy.RelayPort, bundle.CABundlePath) {
+		if k, _, _ := strings.Cut(kv, "="); !own[k] {
+			bc.Env = append(bc.Env, kv)
+		}
+	}
+}
+
+// call gives req a call of the proxy, and returns what reads its record
+// into the result once the runtime closed it (the call is over).
+func (w *egressWiring) call(req *runtime.Request) func(res *runtime.Result) {
+	if w == nil {
+		return func(*runtime.Result) {}
+	}
+	c := w.proxy.NewCall(uuid.NewString())
+	req.Egress = c
+	return func(res *runtime.Result) {
+		c.Close() // the runtime did; a call that never reached it is closed here
+		for _, d := range c.Destinations() {
+			res.Egress = append(res.Egress, runtime.EgressDestination{Host: d.Host, Port: d.Port,
+				BytesOut: d.BytesOut, BytesIn: d.BytesIn, Allowed: d.Allowed, Refused: d.Refused})
+		}
+	}
+}
+
+func (w *egressWiring) close() {
+	if w != nil {
+		w.proxy.Close()
+	}
+}
+
+// egressNote is the tool description's sentence on the network: what is
+// reachable and how, and pip when the sandbox has it.
+func egressNote(s egress.Settings, pip bool) string {
+	n := "Network: only through the server's HTTP proxy, to " + s.Reachable() + "; HTTP clients that honour HTTPS_PROXY " +
+		"(urllib, requests, pip) use it, and a host it refuses answers 403 naming why; there is no DNS and no other route out."
+	if pip {
+		n += " To install a package, run subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", NAME], check=True), then import it: " +
+			"it goes to this sandbox's own site dir (counted against its memory), kept for a persistent session."
+	}
+	return n
 }

@@ -12,11 +12,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/inhuman/mcp-exec/egress"
-	"github.com/inhuman/mcp-exec/internal/testenv"
+	"github.com/inhuman/mcp-exec/runtime"
 )
 
 func loadEnv(env map[string]string, serverOnly bool) (config, error) {
@@ -89,25 +90,30 @@ func TestEgressConfig(t *testing.T) {
 	}
 }
 
-// With an allowlist set, the server, run and the engine refuse to start,
-// naming the variable: no runtime relays a sandbox's connections to the
-// proxy yet, and an allowlist is never silently ignored.
-func TestEgressRefusesToStart(t *testing.T) {
+// With an allowlist set, a runtime that cannot give it (the process
+// runtime without namespaces of its own) keeps the server, run and the
+// engine from starting, naming the variable and the runtime: an allowlist
+// is never silently ignored, nor given with a wider network than it says.
+func TestEgressRefusedWhereNoRuntimeGivesIt(t *testing.T) {
+	const want = "MCP_EXEC_EGRESS_ALLOW is set, but the process runtime without namespaces of its own cannot give a call the network allowlist"
 	cfg := defaultConfig()
 	cfg.StateDir = t.TempDir()
+	cfg.Runtime, cfg.ProcessNamespaces = runtime.Process, runtime.NamespacesOff
 	cfg.Egress.Allow, _ = egress.ParseRules("pypi.org")
-	if _, err := newEngine(t.Context(), cfg, nil); err == nil || !strings.Contains(err.Error(), "MCP_EXEC_EGRESS_ALLOW is set (pypi.org), but network egress is not available in this build yet") {
-		t.Errorf("newEngine with an allowlist: %v, want a refusal naming MCP_EXEC_EGRESS_ALLOW", err)
+	if _, err := newEngine(t.Context(), cfg, nil); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("newEngine with an allowlist on the process runtime without namespaces: %v, want %q", err, want)
 	}
 
 	t.Setenv("MCP_EXEC_EGRESS_ALLOW", "pypi.org,files.pythonhosted.org")
+	t.Setenv("MCP_EXEC_RUNTIME", "process")
+	t.Setenv("MCP_EXEC_PROCESS_NAMESPACES", "false")
 	t.Setenv("MCP_EXEC_STATE_DIR", t.TempDir())
 	var stderr bytes.Buffer
-	if code := serveCmd(t.Context(), nil, strings.NewReader(""), io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), "MCP_EXEC_EGRESS_ALLOW is set") {
+	if code := serveCmd(t.Context(), nil, strings.NewReader(""), io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), want) {
 		t.Errorf("serve with an allowlist: status %d, stderr %q; want 1 and the refusal", code, stderr.String())
 	}
 	stderr.Reset()
-	if code := runCmd(t.Context(), []string{"-c", "print(1)"}, io.Discard, &stderr); code != exitSandboxFailed || !strings.Contains(stderr.String(), "not available in this build yet") {
+	if code := runCmd(t.Context(), []string{"-c", "print(1)"}, io.Discard, &stderr); code != exitSandboxFailed || !strings.Contains(stderr.String(), want) {
 		t.Errorf("run with an allowlist: status %d, stderr %q; want %d and the refusal", code, stderr.String(), exitSandboxFailed)
 	}
 }
@@ -157,38 +163,70 @@ func TestEgressConfigMakesProxy(t *testing.T) {
 }
 
 // doctor lists what is reachable, which headers the proxy adds (never
-// their values), and says the server would refuse to start.
+// their values), and where the runtime cannot give the allowlist, says
+// the server would refuse to start.
 func TestEgressDoctor(t *testing.T) {
-	testenv.Real(t)
+	requireSandbox(t)
 	secrets := writeTestFile(t, "secrets.json", `{"api.example.com": {"Authorization": "Bearer hidden", "X-Team": "t"}}`, 0o600)
 	t.Setenv("MCP_EXEC_EGRESS_ALLOW", "pypi.org,files.pythonhosted.org,api.example.com,pypi.test:8443")
 	t.Setenv("MCP_EXEC_EGRESS_HOSTS", "pypi.test=127.0.0.1")
 	t.Setenv("MCP_EXEC_EGRESS_SECRETS_FILE", secrets)
-	t.Setenv("MCP_EXEC_STATE_DIR", t.TempDir())
+	t.Setenv("MCP_EXEC_STATE_DIR", filepath.Join(t.TempDir(), "state"))
 	var out, errOut bytes.Buffer
-	if code := doctorCmd(t.Context(), []string{"--json"}, &out, &errOut); code != 1 {
-		t.Fatalf("doctor --json: status %d, want 1 (the server would refuse)\n%s", code, errOut.String())
+	if code := doctorCmd(t.Context(), []string{"--json"}, &out, &errOut); code != 0 {
+		t.Fatalf("doctor --json: status %d, want 0 (libcontainer gives the allowlist)\n%s\n%s", code, out.String(), errOut.String())
 	}
 	var r report
 	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
 		t.Fatalf("doctor --json: %v\n%s", err, out.String())
 	}
 	e := r.Egress
-	if e == nil || !e.Enabled || r.OK || !strings.Contains(e.Reachable, "files.pythonhosted.org") || e.Mapped["pypi.test"] != "127.0.0.1" ||
-		strings.Join(e.Headers["api.example.com"], ",") != "Authorization,X-Team" || !strings.Contains(e.Error, "MCP_EXEC_EGRESS_ALLOW") {
-		t.Errorf("doctor --json egress = %+v, ok %v; want what is reachable, mapped, the header names and the refusal", e, r.OK)
+	if e == nil || !e.Enabled || !r.OK || !strings.Contains(e.Reachable, "files.pythonhosted.org") || e.Mapped["pypi.test"] != "127.0.0.1" ||
+		strings.Join(e.Headers["api.example.com"], ",") != "Authorization,X-Team" || e.Error != "" || !slices.Contains(r.Rootfs.Modules, "pip") {
+		t.Errorf("doctor --json egress = %+v, ok %v, modules %v; want what is reachable, mapped, the header names, and pip in the rootfs", e, r.OK, r.Rootfs.Modules)
 	}
 	out.Reset()
 	doctorCmd(t.Context(), nil, &out, &errOut)
 	text := out.String()
 	for _, want := range []string{"network\n  reachable: pypi.org, files.pythonhosted.org, api.example.com, pypi.test:8443",
 		"mapped:    pypi.test → 127.0.0.1", "headers:   api.example.com gets Authorization, X-Team",
-		"verdict: NOT OK — the server would refuse to start: MCP_EXEC_EGRESS_ALLOW is set"} {
+		"sandboxes: reach these through a relay on their own 127.0.0.1:3128", "verdict: OK"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("doctor printed:\n%s\nwant %q in it", text, want)
 		}
 	}
 	if strings.Contains(text+out.String(), "hidden") {
 		t.Errorf("doctor shows a secret's value:\n%s", text)
+	}
+
+	t.Setenv("MCP_EXEC_RUNTIME", "process")
+	t.Setenv("MCP_EXEC_PROCESS_NAMESPACES", "false")
+	out.Reset()
+	if code := doctorCmd(t.Context(), nil, &out, &errOut); code != 1 ||
+		!strings.Contains(out.String(), "verdict: NOT OK — the server would refuse to start: the sandbox cannot start: MCP_EXEC_EGRESS_ALLOW is set, but the process runtime without namespaces") {
+		t.Errorf("doctor with the process runtime without namespaces: status %d\n%s", code, out.String())
+	}
+}
+
+// The allowlist puts pip in the rootfs built here, and leaves an
+// operator's rootfs or image as its maker made it (the start-up proof
+// imports what the options name: pip there would refuse a rootfs without).
+func TestEgressPipInRootfs(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want bool
+	}{
+		{map[string]string{"MCP_EXEC_EGRESS_ALLOW": "pypi.org"}, true},
+		{map[string]string{"MCP_EXEC_EGRESS_ALLOW": "pypi.org", "MCP_EXEC_PACKAGES": "numpy"}, true},
+		{map[string]string{}, false},
+		{map[string]string{"MCP_EXEC_EGRESS_ALLOW": "pypi.org", "MCP_EXEC_ROOTFS": t.TempDir()}, false},
+	} {
+		cfg, err := loadEnv(tc.env, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(cfg.rootfsOptions().Packages, "pip"); got != tc.want {
+			t.Errorf("%v: pip in the rootfs's packages = %v, want %v", tc.env, got, tc.want)
+		}
 	}
 }

@@ -47,6 +47,10 @@ type engine struct {
 	// prepared is the outcome of the newest sandbox preparation, for the
 	// readiness (ready).
 	prepared atomic.Pointer[prepareOutcome]
+	// egress is the network allowlist's proxy, nil without one; network
+	// what the tool's description says of it.
+	egress  *egressWiring
+	network string
 }
 
 // newEngine creates the runtime (refusing when the host cannot give the
@@ -58,11 +62,18 @@ func newEngine(ctx context.Context, cfg config, log *slog.Logger) (_ *engine, re
 		log = slog.New(slog.DiscardHandler)
 	}
 	e := &engine{set: settingsOf(cfg, log), log: log}
-	if err := egressUnavailable(cfg); err != nil {
+	var err error
+	if e.egress, err = newEgress(cfg, log); err != nil {
 		return nil, err
 	}
 	if err := e.start(ctx); err != nil {
+		e.egress.close()
 		return nil, err
+	}
+	if e.egress != nil {
+		e.network = egressNote(cfg.Egress, slices.Contains(e.contents.Modules, "pip"))
+		log.Info("network allowlist on: sandboxes reach hosts through the egress proxy", "reachable", cfg.Egress.Reachable(),
+			"relay", fmt.Sprintf("127.0.0.1:%d in each sandbox", policy.RelayPort))
 	}
 	return e, nil
 }
@@ -123,6 +134,11 @@ func (e *engine) start(ctx context.Context) (retErr error) {
 		}
 	}()
 	e.rt = rt
+	if e.egress != nil {
+		if err := runtime.NetworkUsable(rt); err != nil {
+			return fmt.Errorf("the sandbox cannot start: %w", err)
+		}
+	}
 	if p, ok := rt.(*runtime.ProcessRuntime); ok {
 		return e.startProcess(ctx, p, why)
 	}
@@ -132,7 +148,7 @@ func (e *engine) start(ctx context.Context) (retErr error) {
 	start := time.Now()
 	root, err := rootfs.Open(ctx, e.set.source, e.prove)
 	if err != nil {
-		return fmt.Errorf("the sandbox cannot start: %w", err)
+		return fmt.Errorf("the sandbox cannot start: %w", e.pipMissing(err))
 	}
 	e.log.Debug("rootfs ready", "dir", root.Dir, "python", root.Python, "digest", root.Digest, "elapsed", time.Since(start))
 	e.contents, e.pythonVersion = root.Contents, root.PythonVersion
@@ -276,6 +292,10 @@ func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, wh
 	// Said once, with why auto chose it: the reason is long.
 	iso := p.Isolation()
 	e.note = expandFields(processNote(e.set.kind, why, iso))
+	if e.egress != nil {
+		// The network's sentence says what its IPv4 sockets reach.
+		e.note = strings.Replace(e.note, "There are no IP sockets, and", "Besides the network proxy there are no IP sockets, and", 1)
+	}
 	e.log.Warn("each call is a fresh process with no container of its own: the container mcp-exec runs in is the boundary for what it does not confine",
 		"configured", e.set.kind, "runtime", p.Kind(), "why", why, "namespaces", iso.Namespaces, "isolation", iso.Summary(), "missing", missingNames(iso.Missing))
 	for _, v := range e.set.unused {
@@ -286,7 +306,7 @@ func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, wh
 		return fmt.Errorf("the sandbox cannot start: finding python ({Python}): %w", err)
 	}
 	if e.contents, err = rootfs.Describe(py, e.set.source.Options); err != nil {
-		return fmt.Errorf("the sandbox cannot start: %w", err)
+		return fmt.Errorf("the sandbox cannot start: %w", e.pipMissing(err))
 	}
 	e.bundleCfg = e.bundleConfig(rootfs.Root{Dir: "/", Python: py.Path, Contents: e.contents})
 	if slices.Contains(e.contents.Modules, "matplotlib") {
@@ -307,6 +327,16 @@ func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, wh
 	return nil
 }
 
+// pipMissing says why a package is asked for that the operator did not
+// name: the allowlist puts pip in the rootfs (rootfsOptions).
+func (e *engine) pipMissing(err error) error {
+	var missing *rootfs.MissingPackagesError
+	if e.egress != nil && errors.As(err, &missing) && slices.Contains(missing.Packages(), "python3-pip") {
+		return fmt.Errorf("MCP_EXEC_EGRESS_ALLOW is set, which puts pip in the rootfs (from the host's Debian package): %w", err)
+	}
+	return err
+}
+
 // bundleConfig is what every sandbox of this engine on root shares.
 func (e *engine) bundleConfig(root rootfs.Root) bundle.Config {
 	bc := bundle.Config{
@@ -316,6 +346,7 @@ func (e *engine) bundleConfig(root rootfs.Root) bundle.Config {
 		CallCaps: e.set.caps,
 		Env:      append(threadEnv(e.set.limits.CPUs), root.Contents.Env...),
 	}
+	e.egress.network(&bc)
 	if pd := e.set.source.PackagesDir; pd != "" && root.PackagesMount != "" {
 		bc.PackagesDir, bc.PackagesMount = pd, root.PackagesMount
 	}
@@ -418,7 +449,9 @@ func (e *engine) Run(ctx context.Context, req runtime.Request) (runtime.Result, 
 	if err := e.checkRootfs(); err != nil {
 		return runtime.Result{}, err
 	}
+	record := e.egress.call(&req)
 	res, err := e.pool.Run(ctx, req)
+	record(&res)
 	return res, named(err)
 }
 
@@ -445,14 +478,16 @@ func (s engineSession) Run(ctx context.Context, req runtime.Request) (runtime.Re
 	if err := s.e.checkRootfs(); err != nil {
 		return runtime.Result{}, err
 	}
+	record := s.e.egress.call(&req)
 	res, err := s.Session.Run(ctx, req)
+	record(&res)
 	return res, named(err)
 }
 
 // Info describes the sandbox for the tool description.
 func (e *engine) Info() server.EngineInfo {
 	return server.EngineInfo{Runtime: string(e.rt.Kind()), PythonVersion: e.pythonVersion,
-		Modules: e.contents.Modules, Shell: e.contents.Shell, Note: e.note}
+		Modules: e.contents.Modules, Shell: e.contents.Shell, Note: e.note, Network: e.network}
 }
 
 func (e *engine) close() error {
@@ -465,6 +500,7 @@ func (e *engine) close() error {
 	if e.watch != nil {
 		e.watch.Close()
 	}
+	defer e.egress.close()
 	return e.rt.Close()
 }
 

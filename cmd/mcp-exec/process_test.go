@@ -56,6 +56,17 @@ type processServer struct {
 
 func startProcessServer(t *testing.T, m processMode, env ...string) *processServer {
 	t.Helper()
+	s, _, err := tryProcessServer(t, m, env...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// tryProcessServer is startProcessServer for a server that may refuse to
+// start: the error says what it said.
+func tryProcessServer(t *testing.T, m processMode, env ...string) (*processServer, *testenv.SyncBuffer, error) {
+	t.Helper()
 	testenv.Root(t)
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		testenv.Missing(t, "setpriv is not installed (util-linux)")
@@ -84,10 +95,10 @@ func startProcessServer(t *testing.T, m processMode, env ...string) *processServ
 		testenv.Missing(t, "this host refuses the process runtime namespaces of its own:\n%s", stderr.String())
 	}
 	if err != nil {
-		t.Fatalf("connecting: %v\n%s", err, stderr.String())
+		return nil, stderr, fmt.Errorf("connecting: %v\n%s", err, stderr.String())
 	}
 	t.Cleanup(func() { cs.Close() })
-	return &processServer{cs: cs, stderr: stderr, tmp: tmp, cmd: cmd}
+	return &processServer{cs: cs, stderr: stderr, tmp: tmp, cmd: cmd}, stderr, nil
 }
 
 // call runs one exec and returns its structured result.

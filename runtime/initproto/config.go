@@ -159,7 +159,16 @@ var fields = []field{
 		func(c *Config) bool { return c.Process != nil && c.Process.Namespaces != nil }, putOne},
 	{27, "CFG_PROC_SELF", "number: 1: of /proc the code reads only the machine's entries and its own process",
 		func(c *Config) bool { return c.Process != nil && c.Process.ProcSelf }, putOne},
+	{40, "CFG_RELAY_PORT", "number: the egress relay's port on the sandbox's 127.0.0.1",
+		func(c *Config) bool { return c.RelayPort != 0 && !c.Template }, func(w *writer, c *Config) { w.num(uint64(c.RelayPort)) }},
+	{41, "CFG_CA_BUNDLE", "bytes: the CA certificates the code trusts, written read-only at CFG_CA_PATH",
+		withTrust, func(w *writer, c *Config) { w.put(c.CABundle) }},
+	{42, "CFG_CA_PATH", "string: where the init writes CFG_CA_BUNDLE", withTrust, func(w *writer, c *Config) { w.str(c.CABundlePath) }},
 }
+
+// withTrust: the sandbox gets a CA bundle (the network allowlist is on);
+// a template's init, which runs no call, does not.
+func withTrust(c *Config) bool { return len(c.CABundle) > 0 && !c.Template }
 
 func putOne(w *writer, _ *Config) { w.num(1) }
 

@@ -34,6 +34,20 @@
 //	                         L, C again: a new call)
 //	init → host  W message   something the init was asked to do failed
 //
+// With the network allowlist on, the init relays each connection the code
+// opens to 127.0.0.1:<relay port> in its network namespace to the server's
+// egress proxy (init_relay.c), in frames of a NET_ op, a u32 connection
+// and the op's payload, each way:
+//
+//	init → host  m o id      the code opened connection id
+//	either way   M/m d id    bytes of it (at most NET_CHUNK a frame)
+//	either way   M/m a id n  n bytes of it were taken: the window is open by n more
+//	either way   M/m e id    the sender's side ended its writes (half-close)
+//	either way   M/m c id    it is closed: forget it
+//
+// Neither side sends more than NET_WINDOW of one connection that the other
+// has not acknowledged.
+//
 // A template's init (forked sandboxes, runtime/fork.go) takes the same
 // configuration, then starts the interpreter as a zygote that never runs
 // a caller's code, and serves forks:
@@ -139,6 +153,7 @@ const (
 	HInterrupt = 'Q'
 	HLive      = 'H'
 	HFork      = 'Y'
+	HNet       = 'M'
 )
 
 // Frame types, init to host.
@@ -157,6 +172,23 @@ const (
 	IIdle    = 'Z'
 	IForked  = 'U'
 	IReaped  = 'A'
+	INet     = 'm'
+)
+
+// The egress relay's ops (the first byte of an H_NET or I_NET frame), and
+// its bounds.
+const (
+	NetOpen  = 'o'
+	NetData  = 'd'
+	NetAck   = 'a'
+	NetEOF   = 'e'
+	NetClose = 'c'
+	// NetChunk bounds a data frame's bytes; NetWindow what one
+	// connection may have in flight each way; NetMaxConns the
+	// connections the relay holds at once.
+	NetChunk    = 64 << 10
+	NetWindow   = 256 << 10
+	NetMaxConns = 64
 )
 
 // The zygote's messages (driver.py), on its socket to the template's init.
@@ -262,6 +294,16 @@ var protocol = []def{
 	{"H_INTERRUPT", byte(HInterrupt), "SIGINT to the interpreter: a session's timeout"},
 	{"H_LIVE", byte(HLive), "the call's output is watched: stdout line-buffered"},
 	{"H_FORK", byte(HFork), "to a template: fork a call, u32 fds, u32 uid, u32 gid, BPF; fds as SCM_RIGHTS"},
+	{"H_NET", byte(HNet), "the egress relay, to the init: u8 NET_ op, u32 connection, its payload"},
+	{"I_NET", byte(INet), "the egress relay, from the init: u8 NET_ op, u32 connection, its payload"},
+	{"NET_OPEN", byte(NetOpen), "relay op, from the init: the code opened the connection"},
+	{"NET_DATA", byte(NetData), "relay op: bytes of the connection"},
+	{"NET_ACK", byte(NetAck), "relay op: u32 bytes of the connection were taken"},
+	{"NET_EOF", byte(NetEOF), "relay op: the sender ended its writes"},
+	{"NET_CLOSE", byte(NetClose), "relay op: the connection is closed"},
+	{"NET_CHUNK", NetChunk, "bound on a relay data frame's bytes"},
+	{"NET_WINDOW", NetWindow, "bytes of one connection in flight each way, unacknowledged"},
+	{"NET_MAX_CONNS", NetMaxConns, "connections the relay holds at once"},
 	{"I_READY", byte(IReady), "the interpreter waits for its code"},
 	{"I_STARTED", byte(IStarted), "the code is handed over: it runs from now"},
 	{"I_STDOUT", byte(IStdout), "stdout bytes, within the cap"},

@@ -184,6 +184,28 @@ def _driver():
         flush()
         list(sys.modules.items())
 
+    def usersite():
+        # With the network on, pip installs into the sandbox's own site
+        # dir (PYTHONUSERBASE, a tmpfs of its own), which is empty as the
+        # interpreter starts, so site did not put it on the path: it is
+        # made here, before the code, and put where site would have put
+        # it (before the system's packages), so that what pip installs
+        # imports at once, in this interpreter too.
+        if not os.environ.get("PYTHONUSERBASE"):
+            return
+        import site
+
+        if not site.ENABLE_USER_SITE:
+            return
+        d = site.getusersitepackages()
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError:
+            return
+        if d not in sys.path:
+            at = [i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))]
+            sys.path.insert(at[0] if at else len(sys.path), d)
+
     def serve(forked):
         nonlocal running
         # The code's subprocesses get neither pipe.
@@ -202,6 +224,7 @@ def _driver():
             os.chdir("@WORK_DIR@")
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write("1000")  # the init outlives an OOM to report it
+            usersite()
             warm()
             kind, body = next_frame()
             if kind != b"@D_OPTIONS@":
@@ -209,6 +232,7 @@ def _driver():
             with open(_SCRIPT, "rb") as f:
                 source = f.read()
         else:
+            usersite()
             # Opening the script is the init's sign that the interpreter is
             # ready; the options come before the code is all in.
             with open(_SCRIPT, "rb") as f:

@@ -9,6 +9,7 @@
 //   init_fresh.c     /proc's masks, lo and capabilities in new namespaces
 //   init_check.c     a forked code process checked from outside
 //   init_confine.c   the process runtime's confinement and scratch bound
+//   init_relay.c     the egress relay, with the network allowlist on
 //   init_config.c    the configuration, decoded from H_CONFIG
 //   init_files.c     files in and out, as the code's user
 //   init_io.c        frames and buffers
@@ -81,6 +82,12 @@ struct config {
 	char *hostname;
 	int loopback_mtu;
 	uint64_t keep_caps;
+	// The network allowlist: the egress relay's port on 127.0.0.1 (0:
+	// none), and the CA bundle the code trusts, written at ca_path.
+	int relay_port;
+	unsigned char *ca_bundle;
+	size_t ca_bundle_len;
+	char *ca_path;
 };
 
 // buffer is a growable byte queue.
@@ -131,6 +138,14 @@ struct scratch *scratch_open(const struct config *c);
 int scratch_fd(const struct scratch *s);
 int scratch_timeout(const struct scratch *s, int period_ms);
 int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap);
+
+// init_relay.c
+struct relay;
+struct relay *relay_open(const struct config *c);
+int relay_fd(const struct relay *r);
+void relay_events(struct relay *r);
+void relay_host(struct relay *r, const unsigned char *p, uint32_t len);
+void write_trust(const struct config *c);
 
 // init_fresh.c
 void fresh_proc_paths(const struct config *c);

@@ -117,6 +117,19 @@ static void field(struct config *c, unsigned key, const unsigned char *v, uint32
 	case CFG_KEEP_CAPS: c->keep_caps = number(key, v, n); break;
 	case CFG_NAMESPACES: c->namespaces = number(key, v, n) != 0; break;
 	case CFG_PROC_SELF: c->proc_self = number(key, v, n) != 0; break;
+	case CFG_RELAY_PORT:
+		c->relay_port = (int)number(key, v, n);
+		if (c->relay_port <= 0 || c->relay_port > 65535)
+			bad("a port is 1-65535", key);
+		break;
+	case CFG_CA_BUNDLE:
+		c->ca_bundle = malloc(n ? n : 1);
+		if (c->ca_bundle == NULL)
+			die("allocating");
+		memcpy(c->ca_bundle, v, n);
+		c->ca_bundle_len = n;
+		break;
+	case CFG_CA_PATH: c->ca_path = string(key, v, n); break;
 	default: bad("unknown key", key);
 	}
 }

@@ -132,6 +132,13 @@ struct ll_path_beneath {
 	int32_t parent_fd;
 } __attribute__((packed));
 
+#define LL_RULE_NET_PORT 2 // ABI 4
+
+struct ll_net_port {
+	uint64_t allowed_access;
+	uint64_t port;
+};
+
 // The rights that apply to a file rather than a directory.
 #define FS_FILE_RIGHTS (FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV)
 
@@ -226,6 +233,11 @@ static void landlock(const struct config *c) {
 	add_rules(rs, &c->exec, read | FS_EXECUTE, fs);
 	add_rules(rs, &c->devices, FS_READ_FILE | FS_WRITE_FILE | FS_IOCTL_DEV, fs);
 	add_rules(rs, &c->write, write, fs);
+	// With the network allowlist on, the code connects to the egress
+	// relay on its own lo, and nowhere else; it binds nothing.
+	struct ll_net_port relay = {.allowed_access = NET_CONNECT_TCP, .port = (uint64_t)c->relay_port};
+	if (abi >= 4 && c->relay_port > 0 && syscall(__NR_landlock_add_rule, rs, LL_RULE_NET_PORT, &relay, 0) < 0)
+		die("adding the Landlock rule of the egress relay's port");
 	if (syscall(__NR_landlock_restrict_self, rs, 0) < 0)
 		die("entering the Landlock domain");
 	close(rs);

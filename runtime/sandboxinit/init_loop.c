@@ -88,6 +88,7 @@ struct init {
 	int sfd; // signals
 	struct buffer host; // what the host sent, not yet parsed
 	struct scratch *scratch;
+	struct relay *relay; // the egress relay; NULL without the network
 	struct timespec t_started, t_exited;
 };
 
@@ -420,6 +421,7 @@ static void dispatch(struct init *in, char type, const unsigned char *p, uint32_
 			kill(in->child, SIGINT);
 		break;
 	case H_CPU: on_cpu(in, p, len); break;
+	case H_NET: relay_host(in->relay, p, len); break;
 	default:
 		in->refused = 1;
 		report(I_ERROR, "the host sent a frame of an unknown type, or a second configuration", EPROTO);
@@ -780,6 +782,11 @@ static void on_scratch(struct init *in, short revents) {
 	measure_scratch(in, 0);
 }
 
+static void on_relay(struct init *in, short revents) {
+	(void)revents;
+	relay_events(in->relay);
+}
+
 // gather lists what to poll in the current phase.
 static int gather(struct init *in, struct source *s) {
 	int n = 0;
@@ -800,6 +807,8 @@ static int gather(struct init *in, struct source *s) {
 		s[n++] = (struct source){scratch_fd(in->scratch), POLLIN, on_scratch};
 	if (in->status_fd >= 0)
 		s[n++] = (struct source){in->status_fd, POLLIN, on_status};
+	if (in->relay != NULL)
+		s[n++] = (struct source){relay_fd(in->relay), POLLIN, on_relay};
 	s[n++] = (struct source){in->sfd, POLLIN, on_signal};
 	return n;
 }
@@ -820,8 +829,8 @@ static void advance(struct init *in) {
 // drained, wait for what the phase needs and hand each event on.
 static void serve(struct init *in) {
 	while (!(in->phase == EXITED && in->out.eof && in->err.eof && in->ctl < 0)) {
-		struct source src[10];
-		struct pollfd p[10];
+		struct source src[12];
+		struct pollfd p[12];
 		int n = gather(in, src);
 		for (int i = 0; i < n; i++)
 			p[i] = (struct pollfd){.fd = src[i].fd, .events = src[i].events};
@@ -905,15 +914,20 @@ int init_signals(const struct init *in) { return in->sfd; }
 // the script FIFO: a container's init, and the process runtime's.
 void init_start_code(struct init *in) {
 	prepare_script(in);
+	write_trust(&in->c);
 	start_code(in);
 }
 
 // init_adopt_code takes the code's process a forked sandbox's zygote made.
-void init_adopt_code(struct init *in) { adopt_code(in); }
+void init_adopt_code(struct init *in) {
+	adopt_code(in);
+	write_trust(&in->c);
+}
 
 // init_serve serves the call until the code has ended and all of it is
 // sent: the verdict, the output files, done.
 void init_serve(struct init *in) {
+	in->relay = relay_open(&in->c);
 	serve(in);
 	finish(in);
 }

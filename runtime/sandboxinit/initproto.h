@@ -34,6 +34,16 @@
 #define H_INTERRUPT          'Q'                    // SIGINT to the interpreter: a session's timeout
 #define H_LIVE               'H'                    // the call's output is watched: stdout line-buffered
 #define H_FORK               'Y'                    // to a template: fork a call, u32 fds, u32 uid, u32 gid, BPF; fds as SCM_RIGHTS
+#define H_NET                'M'                    // the egress relay, to the init: u8 NET_ op, u32 connection, its payload
+#define I_NET                'm'                    // the egress relay, from the init: u8 NET_ op, u32 connection, its payload
+#define NET_OPEN             'o'                    // relay op, from the init: the code opened the connection
+#define NET_DATA             'd'                    // relay op: bytes of the connection
+#define NET_ACK              'a'                    // relay op: u32 bytes of the connection were taken
+#define NET_EOF              'e'                    // relay op: the sender ended its writes
+#define NET_CLOSE            'c'                    // relay op: the connection is closed
+#define NET_CHUNK            65536                  // bound on a relay data frame's bytes
+#define NET_WINDOW           262144                 // bytes of one connection in flight each way, unacknowledged
+#define NET_MAX_CONNS        64                     // connections the relay holds at once
 #define I_READY              'R'                    // the interpreter waits for its code
 #define I_STARTED            'S'                    // the code is handed over: it runs from now
 #define I_STDOUT             'O'                    // stdout bytes, within the cap
@@ -89,3 +99,6 @@
 #define CFG_KEEP_CAPS        25                     // number: the capabilities a forked sandbox's init keeps after its setup
 #define CFG_NAMESPACES       26                     // number: 1: the process runtime's init makes the namespaces it starts in the call's
 #define CFG_PROC_SELF        27                     // number: 1: of /proc the code reads only the machine's entries and its own process
+#define CFG_RELAY_PORT       40                     // number: the egress relay's port on the sandbox's 127.0.0.1
+#define CFG_CA_BUNDLE        41                     // bytes: the CA certificates the code trusts, written read-only at CFG_CA_PATH
+#define CFG_CA_PATH          42                     // string: where the init writes CFG_CA_BUNDLE
