@@ -241,13 +241,17 @@ func measureRuntime(ctx context.Context, o options, entry, python string, log io
 
 		s = sampleMemory(srv.pid(), sampleEvery)
 		before, errBefore := readProcCPU(srv.pid())
+		inst, _ := findInstance(srv.pid())
+		acc0 := readAccounted(srv.pid(), inst)
 		machine := machineCPU()
 		tp := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, srv.caller(printOne))
 		machine = machineCPU() - machine
+		acc1 := readAccounted(srv.pid(), inst)
 		peak := s.Stop()
 		tp.PeakMemory = &peak
 		if after, err := readProcCPU(srv.pid()); err == nil && errBefore == nil {
 			tp.CPU = serverSplit(before, after, machine, tp.cpuMS, tp.Calls)
+			tp.CPU.Accounted = accountedSplit(acc0, acc1, tp.Calls)
 		}
 		tp.Ratio = ratio(tp.CallsPerS, b.CallsPerS)
 		r.Throughput = append(r.Throughput, tp)

@@ -135,6 +135,24 @@ func writeThroughput(w io.Writer, rt RuntimeReport) {
 		fmt.Fprintln(w, "  (the machine's CPU while the level ran, less this program's; code: the results' cpu_ms; server: its own process;")
 		fmt.Fprintln(w, "  start: the rest, making, starting and ending sandboxes, templates' forks and the kernel's work included)")
 	}
+
+	a := &table{}
+	a.add("CPU per call, kernel-accounted, ms", "total", "server", "helpers", "sandboxes (code)", "templates", "kernel threads")
+	for _, tp := range rt.Throughput {
+		if tp.CPU == nil || tp.CPU.Accounted == nil {
+			continue
+		}
+		ac := tp.CPU.Accounted
+		a.add(fmt.Sprintf("concurrency %d", tp.Concurrency), fmt.Sprintf("%.1f", ac.TotalMS),
+			fmt.Sprintf("%.1f", ac.ServerMS), fmt.Sprintf("%.1f", ac.HelpersMS),
+			fmt.Sprintf("%.1f (%s)", ac.SandboxesMS, optMS(tp.CPU.CodeMS)), fmt.Sprintf("%.1f", ac.TemplatesMS),
+			fmt.Sprintf("%.1f", ac.KernelMS))
+	}
+	if len(a.rows) > 1 {
+		a.write(w, "  ", true)
+		fmt.Fprintln(w, "  (each part as the kernel accounts it, whatever else the machine runs: the server process; its reaped children;")
+		fmt.Fprintln(w, "  the calls' cgroups, of which the code's cpu_ms; the templates' cgroups; the kernel's threads, the machine's)")
+	}
 }
 
 func writeMemory(w io.Writer, rt RuntimeReport) {
