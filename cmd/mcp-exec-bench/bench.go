@@ -48,6 +48,7 @@ type RuntimeReport struct {
 	Throughput    []Throughput `json:"throughput,omitempty"`
 	Packages      *Latency     `json:"packages,omitempty"`
 	Sessions      *Sessions    `json:"sessions,omitempty"`
+	Parked        *Parked      `json:"parked_session,omitempty"`
 	StopError     string       `json:"stop_error,omitempty"`
 	// The baseline's figures, each measured right before the sandbox's
 	// that it is compared with.
@@ -263,6 +264,11 @@ func measureRuntime(ctx context.Context, o options, entry, python string, log io
 
 	if len(o.Packages) > 0 && ctx.Err() == nil {
 		r.Bare.Packages, r.Packages = measurePackages(ctx, o, entry, python, log)
+	}
+	if kind == "runsc" || strings.HasPrefix(entry, "runsc") {
+		if ctx.Err() == nil {
+			r.Parked = measureParked(ctx, o, entry, log)
+		}
 	}
 	return r
 }

@@ -104,6 +104,15 @@ func writeLatency(w io.Writer, rt RuntimeReport) {
 			fmt.Fprintf(w, "  persistent session: %s\n", ss.Error)
 		}
 	}
+	if p := rt.Parked; p != nil {
+		if p.Rounds > 0 {
+			fmt.Fprintf(w, "  parked session (MCP_EXEC_PERSISTENT_PARK_S=1, %d rounds): containers' RSS frozen +%s MiB, parked +%s MiB; image %s MiB on disk; park %.0f ms; the next print(1) %.0f ms (live %.1f ms)\n",
+				p.Rounds, fmtMB(p.FrozenKB), fmtMB(p.ParkedKB), fmtMB(p.ImageKB), p.ParkMS, p.RestoredCallMS, p.LiveCallMS)
+		}
+		if p.Error != "" {
+			fmt.Fprintf(w, "  parked session: %s\n", p.Error)
+		}
+	}
 }
 
 func writeThroughput(w io.Writer, rt RuntimeReport) {
