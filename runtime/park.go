@@ -286,18 +286,47 @@ func (rc *runscContainer) unparkKill() {
 }
 
 // parkDir makes the dir of one park of sandbox id, in the instance's own
-// dir below the runtime's park dir.
+// dir below the runtime's park dir. Each must be this process's own and
+// private: an image holds a session's memory, and a restore runs what it
+// finds there in the session's place. The default's parent, /var/tmp, is
+// anyone's: a dir someone else made there first is refused, and the
+// session stays frozen.
 func (r *RunscRuntime) parkDir(id string) (string, error) {
-	inst := filepath.Join(r.parkRoot, r.inst.id)
-	if err := os.MkdirAll(inst, 0o700); err != nil {
+	if err := os.MkdirAll(r.parkRoot, 0o700); err != nil {
 		return "", fmt.Errorf("creating the park dir: %w", err)
 	}
+	inst := filepath.Join(r.parkRoot, r.inst.id)
+	if err := os.Mkdir(inst, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("creating the park dir: %w", err)
+	}
+	for _, dir := range []string{r.parkRoot, inst} {
+		if err := ownPrivateDir(dir); err != nil {
+			return "", err
+		}
+	}
 	return os.MkdirTemp(inst, id+"-")
+}
+
+// ownPrivateDir checks that dir is a directory, not a link to one, of
+// this process's user, that no one else may enter.
+func ownPrivateDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("checking the park dir: %w", err)
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || fi.Mode().Perm()&0o077 != 0 || st == nil || int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("the park dir %s must be a directory owned by uid %d with mode 0700; it is %v", dir, os.Geteuid(), fi.Mode())
+	}
+	return nil
 }
 
 // sweepParked removes the parked images of instances that are gone: their
 // state dir holds no dir of theirs any more (newInstance swept it).
 func sweepParked(parkRoot, stateDir string) {
+	if ownPrivateDir(parkRoot) != nil {
+		return // not ours to clean; parking refuses it too
+	}
 	entries, err := os.ReadDir(parkRoot)
 	if err != nil {
 		return

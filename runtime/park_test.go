@@ -2,10 +2,12 @@ package runtime_test
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +26,7 @@ import (
 func newParkedHarness(t *testing.T, park time.Duration) *harness {
 	t.Helper()
 	testenv.Real(t)
-	dir := t.TempDir()
+	dir := filepath.Join(t.TempDir(), "parked") // made by the runtime, 0700
 	h := newHarnessConfig(t, runtime.Runsc, policy.DefaultLimits(), runtime.Config{ParkDir: dir})
 	h.sessions.Park = park
 	t.Cleanup(func() {
@@ -119,4 +121,64 @@ func TestSessionParkedRestoreFailureEnds(t *testing.T) {
 	if _, err := s.Run(context.Background(), runtime.Request{Code: []byte("print(x)"), Timeout: 10 * time.Second, MaxOutputBytes: 1000}); err == nil {
 		t.Errorf("the next call ran")
 	}
+}
+
+// TestSessionParkDirNotPrivateIsRefused: a park dir someone else could
+// enter (or made first, in /var/tmp) is never written to: the session
+// stays frozen, in memory, and says why in the log.
+func TestSessionParkDirNotPrivateIsRefused(t *testing.T) {
+	testenv.Real(t)
+	dir := filepath.Join(t.TempDir(), "parked")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessConfig(t, runtime.Runsc, policy.DefaultLimits(), runtime.Config{ParkDir: dir})
+	logs := &logLines{}
+	h.sessions.Park = time.Millisecond
+	h.sessions.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	s := h.newSession()
+	s.parks = false // it is never parked
+	if res := s.run("x = 7"); res.ExitCode != 0 {
+		t.Fatalf("first call: exit %d, stderr %s", res.ExitCode, res.Stderr)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "could not be parked") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refusal logged within 30 s; log: %s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "mode 0700") {
+		t.Errorf("the refusal does not say what the park dir must be: %s", logs.String())
+	}
+	if s.Parked() {
+		t.Errorf("the session was parked into a dir anyone may enter")
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*", "*")); len(left) != 0 {
+		t.Errorf("written into a park dir anyone may enter: %v", left)
+	}
+	if res := s.run("print(x)"); string(res.Stdout) != "7\n" {
+		t.Errorf("the frozen session's next call: stdout %q, stderr %s", res.Stdout, res.Stderr)
+	}
+}
+
+// logLines is a log the test reads while it is written.
+type logLines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
