@@ -113,6 +113,15 @@ func machineCPU() float64 {
 	return ticks*1000/clockTicks - ms(ru.Utime) - ms(ru.Stime)
 }
 
+// childrenCPU is the CPU time of this program's reaped children, in ms
+// (the baseline's interpreters).
+func childrenCPU() float64 {
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_CHILDREN, &ru)
+	ms := func(t unix.Timeval) float64 { return float64(t.Sec)*1000 + float64(t.Usec)/1000 }
+	return ms(ru.Utime) + ms(ru.Stime)
+}
+
 // Accounted is a level's CPU per call as the kernel accounts it to each
 // part, in ms: immune to whatever else the machine runs (other test
 // suites on a shared machine), unlike TotalMS. Each is read before and

@@ -146,21 +146,26 @@ func writeThroughput(w io.Writer, rt RuntimeReport) {
 	}
 
 	a := &table{}
-	a.add("CPU per call, kernel-accounted, ms", "total", "server", "helpers", "sandboxes (code)", "templates", "kernel threads")
-	for _, tp := range rt.Throughput {
+	a.add("CPU per call, kernel-accounted, ms", "total", "server", "helpers", "sandboxes (code)", "templates", "kernel threads", "bare", "×")
+	for i, tp := range rt.Throughput {
 		if tp.CPU == nil || tp.CPU.Accounted == nil {
 			continue
 		}
 		ac := tp.CPU.Accounted
+		bare, r := "-", "-"
+		if bc := rt.Bare.Throughput[i].CPU; bc != nil && bc.Accounted != nil {
+			bare, r = fmt.Sprintf("%.1f", bc.Accounted.TotalMS), fmtRatio(ratio(ac.TotalMS, bc.Accounted.TotalMS))
+		}
 		a.add(fmt.Sprintf("concurrency %d", tp.Concurrency), fmt.Sprintf("%.1f", ac.TotalMS),
 			fmt.Sprintf("%.1f", ac.ServerMS), fmt.Sprintf("%.1f", ac.HelpersMS),
 			fmt.Sprintf("%.1f (%s)", ac.SandboxesMS, optMS(tp.CPU.CodeMS)), fmt.Sprintf("%.1f", ac.TemplatesMS),
-			fmt.Sprintf("%.1f", ac.KernelMS))
+			fmt.Sprintf("%.1f", ac.KernelMS), bare, r)
 	}
 	if len(a.rows) > 1 {
 		a.write(w, "  ", true)
 		fmt.Fprintln(w, "  (each part as the kernel accounts it, whatever else the machine runs: the server process; its reaped children;")
-		fmt.Fprintln(w, "  the calls' cgroups, of which the code's cpu_ms; the templates' cgroups; the kernel's threads, the machine's)")
+		fmt.Fprintln(w, "  the calls' cgroups, of which the code's cpu_ms; the templates' cgroups; the kernel's threads, the machine's;")
+		fmt.Fprintln(w, "  bare: the interpreters' own CPU, accounted to this program when it reaped them)")
 	}
 }
 
