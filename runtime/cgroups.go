@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/policy"
 )
@@ -21,8 +23,9 @@ import (
 // for v2), read after the code ended and before the cgroups are removed.
 func cgroupVerdict(paths map[string]string, res *Result) {
 	if p, ok := paths["memory"]; ok { // cgroup v1
-		oom := readKeyed(filepath.Join(p, "memory.oom_control"), "oom_kill")
-		if _, err := os.Stat(filepath.Join(p, "memory.oom_control")); err == nil && !hasKey(filepath.Join(p, "memory.oom_control"), "oom_kill") {
+		control, err := cgroupRead(filepath.Join(p, "memory.oom_control"))
+		oom, counted := keyed(control, "oom_kill")
+		if err == nil && !counted {
 			// Kernels before 4.13 have no oom_kill counter: hitting the
 			// limit and dying of SIGKILL is the best evidence there is.
 			if res.ExitCode == 128+9 && (readInt(filepath.Join(p, "memory.failcnt")) > 0 || readInt(filepath.Join(p, "memory.memsw.failcnt")) > 0) {
@@ -59,9 +62,9 @@ func preparedAhead(s *specs.Spec) bool {
 // cgroupForeground gives a call's cgroup the ordinary CPU weight.
 func cgroupForeground(paths map[string]string) error {
 	if p, ok := paths["cpu"]; ok {
-		return os.WriteFile(filepath.Join(p, "cpu.shares"), []byte(strconv.Itoa(policy.CPUSharesCall)), 0)
+		return cgroupWrite(filepath.Join(p, "cpu.shares"), strconv.Itoa(policy.CPUSharesCall))
 	} else if p, ok := paths[""]; ok {
-		return os.WriteFile(filepath.Join(p, "cpu.weight"), []byte(strconv.FormatUint(cgroups.ConvertCPUSharesToCgroupV2Value(policy.CPUSharesCall), 10)), 0)
+		return cgroupWrite(filepath.Join(p, "cpu.weight"), strconv.FormatUint(cgroups.ConvertCPUSharesToCgroupV2Value(policy.CPUSharesCall), 10))
 	}
 	return nil
 }
@@ -77,8 +80,73 @@ func cgroupCPU(paths map[string]string) time.Duration {
 	return 0
 }
 
+// cgroupRead reads a small control file (cgroupfs, procfs) with plain
+// system calls. os.ReadFile's stat, its registration with Go's poller
+// and its growing buffer cost several times the read itself, and a
+// forked call's server reads and writes some forty of these (its limits,
+// its verdict, its teardown): the server's largest share of a call's CPU.
+func cgroupRead(path string) ([]byte, error) {
+	fd, err := openRetrying(path, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 0, 512)
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, cap(buf))
+		}
+		n, err := unix.Read(fd, buf[len(buf):cap(buf)])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		case n == 0:
+			return buf, nil
+		}
+		buf = buf[:len(buf)+n]
+	}
+}
+
+// cgroupWrite writes a value to a control file with one write, as the
+// kernel takes it (a control file does not take a value in pieces); the
+// file must exist.
+func cgroupWrite(path, value string) error {
+	fd, err := openRetrying(path, unix.O_WRONLY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	for {
+		n, err := unix.Write(fd, []byte(value))
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return &os.PathError{Op: "write", Path: path, Err: err}
+		case n != len(value):
+			return &os.PathError{Op: "write", Path: path, Err: unix.EIO}
+		}
+		return nil
+	}
+}
+
+func openRetrying(path string, mode int) (int, error) {
+	for {
+		fd, err := unix.Open(path, mode|unix.O_CLOEXEC, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		return fd, nil
+	}
+}
+
 func readInt(path string) int64 {
-	data, err := os.ReadFile(path)
+	data, err := cgroupRead(path)
 	if err != nil {
 		return 0
 	}
@@ -88,30 +156,24 @@ func readInt(path string) int64 {
 
 // readKeyed reads "key value" lines such as memory.oom_control's.
 func readKeyed(path, key string) int64 {
-	data, err := os.ReadFile(path)
+	data, err := cgroupRead(path)
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if k, v, ok := strings.Cut(line, " "); ok && k == key {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
+	n, _ := keyed(data, key)
+	return n
 }
 
-func hasKey(path, key string) bool {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if k, _, ok := strings.Cut(line, " "); ok && k == key {
-			return true
+// keyed is the value of key in "key value" lines, and whether it is
+// there at all.
+func keyed(data []byte, key string) (int64, bool) {
+	for line := range strings.Lines(string(data)) {
+		if k, v, ok := strings.Cut(line, " "); ok && k == key {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n, true
 		}
 	}
-	return false
+	return 0, false
 }
 
 // limitSockets bounds, on cgroup v1, the socket buffers of a call's
@@ -125,7 +187,7 @@ func limitSockets(paths map[string]string, bytes int64) error {
 		return nil // v2
 	}
 	f := filepath.Join(p, "memory.kmem.tcp.limit_in_bytes")
-	if err := os.WriteFile(f, []byte(strconv.FormatInt(bytes, 10)), 0); err != nil {
+	if err := cgroupWrite(f, strconv.FormatInt(bytes, 10)); err != nil {
 		return fmt.Errorf("limiting socket memory: %w", err)
 	}
 	return nil

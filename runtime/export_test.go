@@ -159,3 +159,20 @@ func WithReapTimeout(d time.Duration, f func()) {
 	defer func() { reapTimeout = old }()
 	f()
 }
+
+// ParkDir is where a runsc runtime's instance keeps parked images.
+func ParkDir(rt Runtime) string {
+	if r, ok := rt.(*RunscRuntime); ok {
+		return r.parkRoot
+	}
+	return ""
+}
+
+// SessionCgroups are the cgroups of a session's runsc sandbox, by
+// controller.
+func SessionCgroups(s *Session) map[string]string {
+	if rc, ok := s.sb.c.(*runscContainer); ok && rc.cg != nil {
+		return rc.cg.paths
+	}
+	return nil
+}

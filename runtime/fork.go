@@ -179,6 +179,11 @@ type forkedSetup struct {
 	config *initproto.Fresh
 	bpf    []byte
 	cgroup *cgroups.Cgroup
+	// roots are, on cgroup v1, where each of callControllers has its
+	// hierarchy: a call's cgroup there is the root and the call's path.
+	// Found once per template, not once a call (each lookup reads the
+	// mount table, one per controller).
+	roots map[string]string
 }
 
 // templates are a runtime's templates, by the configuration of the
@@ -367,7 +372,38 @@ func (r *LibcontainerRuntime) forkSetup(b *bundle.Bundle) (*forkedSetup, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &forkedSetup{config: fc, bpf: bpf, cgroup: config.Cgroups}, nil
+	setup := &forkedSetup{config: fc, bpf: bpf, cgroup: config.Cgroups}
+	if !cgroups.IsCgroup2UnifiedMode() {
+		if setup.roots, err = controllerRoots(config.Cgroups, linux.CgroupsPath); err != nil {
+			return nil, err
+		}
+	}
+	return setup, nil
+}
+
+// controllerRoots are where each of callControllers has the cgroup at
+// path, less path: what the cgroup library finds for a path, found once.
+func controllerRoots(cg *cgroups.Cgroup, path string) (map[string]string, error) {
+	c := *cg
+	c.Path, c.Name, c.Parent = path, "", ""
+	m, err := manager.New(&c)
+	if err != nil {
+		return nil, fmt.Errorf("finding the cgroup hierarchies: %w", err)
+	}
+	roots := map[string]string{}
+	for _, name := range callControllers {
+		if p, ok := m.GetPaths()[name]; ok {
+			root, cut := strings.CutSuffix(p, path)
+			if !cut {
+				return nil, fmt.Errorf("the %s cgroup of %s is at %s", name, path, p)
+			}
+			roots[name] = root
+		}
+	}
+	if _, ok := roots["memory"]; !ok {
+		return nil, errors.New("no memory cgroup controller")
+	}
+	return roots, nil
 }
 
 // freshMounts are the mounts a fork makes anew: proc, and each tmpfs that
@@ -562,24 +598,20 @@ func (fc *forkContainer) create(context.Context) error {
 	if r := fc.b.Spec.Linux.Resources; r != nil && r.CPU != nil && r.CPU.Shares != nil {
 		res.CpuShares = *r.CPU.Shares
 	}
-	m, err := manager.New(&cg)
-	if err != nil {
-		return fmt.Errorf("%w: the call's cgroups: %w", ErrSandbox, err)
-	}
-	if !cgroups.IsCgroup2UnifiedMode() {
+	var m cgroups.Manager
+	var err error
+	if roots := fc.z.fork.roots; roots != nil {
 		paths := map[string]string{}
-		for _, c := range callControllers {
-			if p, ok := m.GetPaths()[c]; ok {
-				paths[c] = p
-			}
-		}
-		if _, ok := paths["memory"]; !ok {
-			return fmt.Errorf("%w: the call's cgroups: no memory controller", ErrSandbox)
+		for c, root := range roots {
+			paths[c] = root + path
 		}
 		res.SkipDevices = true
-		if m, err = manager.NewWithPaths(&cg, paths); err != nil {
-			return fmt.Errorf("%w: the call's cgroups: %w", ErrSandbox, err)
-		}
+		m, err = manager.NewWithPaths(&cg, paths)
+	} else {
+		m, err = manager.New(&cg)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: the call's cgroups: %w", ErrSandbox, err)
 	}
 	fc.cg = m
 	if err := m.Apply(-1); err != nil {

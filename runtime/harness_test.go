@@ -298,6 +298,16 @@ func forEachContainerRuntime(t *testing.T, modes mode, f func(t *testing.T, h *h
 				f(t, h)
 			})
 		}
+		if v.kind == runtime.Runsc && modes.run(modeSession) {
+			// A session's second call on a session parked between the
+			// two: restored, it must hold what it held.
+			t.Run("runsc-parked", func(t *testing.T) {
+				testenv.Parallel(t)
+				h := newParkedHarness(t, time.Millisecond)
+				h.session = true
+				f(t, h)
+			})
+		}
 		if v.kind == runtime.Runsc && modes.run(modeOldGVisor) {
 			t.Run("runsc-debian", func(t *testing.T) {
 				testenv.Parallel(t)
@@ -524,6 +534,9 @@ func (h *harness) runInSession(ctx context.Context, req runtime.Request) (runtim
 	if err != nil || first.ExitCode != 0 || first.Ended != "" {
 		end()
 		h.t.Fatalf("a session's first call: exit %d, ended %q, %v; stderr %s", first.ExitCode, first.Ended, err, first.Stderr)
+	}
+	if h.sessions.Park > 0 && !h.sessions.Background {
+		awaitParked(h.t, sess) // the call under test restores it
 	}
 	res, err := sess.Run(ctx, req)
 	if cerr := end(); cerr != nil && err == nil {

@@ -49,6 +49,9 @@ type Config struct {
 	WorkDir string
 	// Fork makes libcontainer's sandboxes forks of templates (fork.go).
 	Fork ForkConfig
+	// ParkDir is where the runsc runtime saves parked persistent sessions
+	// (SessionConfig.Park), on disk; DefaultParkDir when empty.
+	ParkDir string
 	// ProcessNamespaces says whether the process runtime puts each call in
 	// namespaces of its own: where the host lets it (auto, the default),
 	// always (it refuses to start without them), or never.

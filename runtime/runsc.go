@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -69,6 +70,9 @@ type RunscRuntime struct {
 	live liveSet
 
 	filters filterCache // the exact filters the init installs
+	// parkRoot is where parked sessions' images go (park.go), in a dir
+	// of this instance's.
+	parkRoot string
 }
 
 // NewRunsc checks that runsc can give the full sandbox on this host (the
@@ -96,8 +100,10 @@ func NewRunsc(cfg Config) (*RunscRuntime, error) {
 		inst.close()
 		return nil, fmt.Errorf("creating runsc root dir: %w", err)
 	}
+	parkRoot := cmp.Or(cfg.ParkDir, DefaultParkDir)
+	sweepParked(parkRoot, cfg.StateDir)
 	cfg.Logger.Debug("runsc runtime ready", "runsc", info.Path, "version", info.Version, "platform", info.Platform)
-	return &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root}, nil
+	return &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root, parkRoot: parkRoot}, nil
 }
 
 func (r *RunscRuntime) Kind() Kind          { return Runsc }
@@ -111,7 +117,7 @@ func (r *RunscRuntime) Info() host.RunscInfo { return r.info }
 func (r *RunscRuntime) Close() error {
 	errs := []error{r.live.closeAll()}
 	killRunscProcesses(r.root)
-	errs = append(errs, r.inst.close())
+	errs = append(errs, os.RemoveAll(filepath.Join(r.parkRoot, r.inst.id)), r.inst.close())
 	return errors.Join(errs...)
 }
 
@@ -144,7 +150,7 @@ func (r *RunscRuntime) Prepare(ctx context.Context, cfg bundle.Config) (Sandbox,
 
 // prepareBundle prepares the sandbox of b, which it owns from then on.
 func (r *RunscRuntime) prepareBundle(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
-	return prepare(ctx, &r.live, b, &runscContainer{rt: r, b: b})
+	return prepare(ctx, &r.live, b, &runscContainer{rt: r, b: b, ended: make(chan struct{})})
 }
 
 // runscContainer is one `runsc run` and the sandbox it runs.
@@ -158,6 +164,12 @@ type runscContainer struct {
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
+	// parked: checkpointed, its processes gone; restores takes the
+	// restore to its thread (park.go). ended is closed once wait returns.
+	parked   bool
+	restores chan restoreReq
+	ended    chan struct{}
+	image    string // the last park's, until restored
 }
 
 // create adapts the bundle to this runsc, rewrites config.json, and makes
@@ -256,7 +268,6 @@ func (rc *runscContainer) start(child [3]*os.File) error {
 	return nil
 }
 
-func (rc *runscContainer) wait()          { rc.cmd.Wait() }
 func (rc *runscContainer) started() error { return nil }
 
 // explain adds runsc's own account of a sandbox that never got ready.
@@ -316,6 +327,7 @@ func (rc *runscContainer) kill() {
 	if rc.cg != nil {
 		rc.cg.kill()
 	}
+	rc.unparkKill()
 }
 
 // destroy removes runsc's state of the container (when `runsc run` was
@@ -340,6 +352,9 @@ func (rc *runscContainer) destroy() error {
 	}
 	if rc.logf != nil {
 		rc.logf.Close()
+	}
+	if err := rc.removeImage(); err != nil {
+		errs = append(errs, fmt.Errorf("removing the parked image: %w", err))
 	}
 	return errors.Join(errs...)
 }

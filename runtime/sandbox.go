@@ -36,13 +36,16 @@ const (
 	// process of it stopped where it stood (container.freeze) until its
 	// next call thaws it: nothing of it runs outside a call.
 	frozen
+	// parked: a frozen session's sandbox saved to disk, its processes
+	// gone (park.go), until its next call restores it.
+	parked
 	// closing: teardown is under way.
 	closing
 	// closed: nothing of it is left.
 	closed
 )
 
-var statusNames = [...]string{"preparing", "ready", "running", "frozen", "closing", "closed"}
+var statusNames = [...]string{"preparing", "ready", "running", "frozen", "parked", "closing", "closed"}
 
 func (s status) String() string { return statusNames[s] }
 
@@ -264,11 +267,42 @@ func (sb *sandbox) begin() error {
 			sb.c.kill()
 			return fmt.Errorf("%w: thawing sandbox %s: %w", ErrSandbox, sb.id, err)
 		}
+	case parked:
+		parent, err := sb.c.(parker).unpark()
+		if err != nil {
+			sb.c.kill()
+			return fmt.Errorf("%w: restoring the parked session %s: %w", ErrSandbox, sb.id, err)
+		}
+		// The restored init talks on new streams; the old ones ended with
+		// the sandbox that was saved.
+		sb.conn.closeInput()
+		sb.conn = newInitConn(parent[0], parent[1], parent[2])
 	default:
 		return fmt.Errorf("sandbox %s is %s, not ready", sb.id, sb.state)
 	}
 	sb.state = running
 	return nil
+}
+
+// park saves a frozen sandbox to disk and ends its processes, when its
+// container can (parker); ok is false when it cannot, and it stays
+// frozen. A park that fails leaves it frozen too, or, if its processes
+// are gone, dead (its next call fails and ends the session).
+func (sb *sandbox) park() (ok bool, err error) {
+	p, can := sb.c.(parker)
+	if !can {
+		return false, nil
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.state != frozen {
+		return false, nil
+	}
+	if err := p.park(); err != nil {
+		return false, fmt.Errorf("parking sandbox %s: %w", sb.id, err)
+	}
+	sb.state = parked
+	return true, nil
 }
 
 // freeze stops every process of a ready sandbox, a persistent session's

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 )
 
 // A Session is one sandbox kept for a sequence of calls, one at a time: a
@@ -22,9 +24,12 @@ import (
 type Session struct {
 	sb         *sandbox
 	background bool
+	parkAfter  time.Duration
+	log        *slog.Logger
 
 	mu    sync.Mutex // one call at a time
 	ended SessionEnd
+	park  *time.Timer // parks the frozen sandbox once it has been idle parkAfter
 }
 
 // ErrSessionEnded is the error of a call to a session that has ended.
@@ -43,6 +48,13 @@ type SessionConfig struct {
 	// then use its CPU quota at any time. By default the sandbox is frozen
 	// between calls.
 	Background bool
+	// Park: a frozen session idle this long is parked, saved to disk with
+	// its processes ended, and restored by its next call (park.go), where
+	// the runtime can (runsc); 0 never.
+	Park time.Duration
+	// Logger hears of parks that failed (the session stays frozen); nil
+	// discards.
+	Logger *slog.Logger
 }
 
 // NewSession starts a session on a sandbox of the pool: one prepared
@@ -66,8 +78,55 @@ func (p *Pool) NewSession(ctx context.Context, cfg SessionConfig) (*Session, err
 			return nil, fmt.Errorf("%w: %w; without a freezer, sessions can only run between their calls ({PersistentBackground})", ErrSandbox, err)
 		}
 	}
-	return &Session{sb: s, background: cfg.Background}, nil
+	sess := &Session{sb: s, background: cfg.Background, parkAfter: cfg.Park, log: cfg.Logger}
+	if sess.log == nil {
+		sess.log = slog.New(slog.DiscardHandler)
+	}
+	sess.mu.Lock()
+	sess.armPark()
+	sess.mu.Unlock()
+	return sess, nil
 }
+
+// armPark parks the session once it has been frozen parkAfter, if its
+// sandbox can be parked at all. s.mu is held.
+func (s *Session) armPark() {
+	if s.parkAfter <= 0 || s.background {
+		return
+	}
+	if _, ok := s.sb.c.(parker); !ok {
+		return
+	}
+	s.park = time.AfterFunc(s.parkAfter, s.parkIdle)
+}
+
+// parkIdle parks the sandbox, unless a call came meanwhile (it holds
+// s.mu, or took the timer away).
+func (s *Session) parkIdle() {
+	if !s.mu.TryLock() {
+		return // a call runs; it arms the timer again when it ends
+	}
+	defer s.mu.Unlock()
+	if s.park == nil || s.ended != "" {
+		return
+	}
+	s.park = nil
+	if _, err := s.sb.park(); err != nil {
+		s.log.Warn("a persistent session could not be parked; it stays frozen", "sandbox", s.sb.id, "err", err)
+	}
+}
+
+// disarmPark stops the park timer. s.mu is held.
+func (s *Session) disarmPark() {
+	if s.park != nil {
+		s.park.Stop()
+		s.park = nil
+	}
+}
+
+// Parked says whether the session is parked (saved to disk, nothing of it
+// in memory).
+func (s *Session) Parked() bool { return s.sb.status() == parked }
 
 // Run runs one call in the session. A session whose sandbox ended between
 // calls (its interpreter exited, or the memory limit killed it) gives an
@@ -80,6 +139,7 @@ func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
 	req.Persistent = true
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.disarmPark()
 	if s.check() != "" {
 		return Result{}, &EndedError{s.ended}
 	}
@@ -96,6 +156,8 @@ func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
 		if ferr := s.sb.freeze(); ferr != nil {
 			s.ended, res.Ended = EndExited, EndExited
 			err = errors.Join(err, ferr)
+		} else {
+			s.armPark()
 		}
 	}
 	return res, err
@@ -139,4 +201,10 @@ func (s *Session) check() SessionEnd {
 
 // Close tears the session's sandbox down; it is safe to call more than
 // once and while a call runs (which it kills).
-func (s *Session) Close() error { return s.sb.Close() }
+func (s *Session) Close() error {
+	if s.mu.TryLock() {
+		s.disarmPark()
+		s.mu.Unlock()
+	}
+	return s.sb.Close()
+}

@@ -23,6 +23,9 @@ import (
 type sessionHarness struct {
 	*runtime.Session
 	t *testing.T
+	// parks: each call waits for the session to be parked first
+	// (SessionConfig.Park), so that each restores it.
+	parks bool
 }
 
 func (h *harness) newSession() *sessionHarness {
@@ -33,11 +36,14 @@ func (h *harness) newSession() *sessionHarness {
 			h.t.Errorf("closing the session: %v", err)
 		}
 	})
-	return &sessionHarness{Session: sess, t: h.t}
+	return &sessionHarness{Session: sess, t: h.t, parks: h.sessions.Park > 0 && !h.sessions.Background}
 }
 
 func (s *sessionHarness) run(code string, opts ...func(*runOpts)) runtime.Result {
 	s.t.Helper()
+	if s.parks && s.Ended() == "" {
+		awaitParked(s.t, s)
+	}
 	o := runOpts{timeout: 30 * time.Second, maxOutput: 1 << 20, ctx: context.Background()}
 	for _, f := range opts {
 		f(&o)
@@ -69,6 +75,11 @@ func forEachSessionRuntime(t *testing.T, f func(t *testing.T, h *harness)) {
 			t.Run("runsc-debian", func(t *testing.T) {
 				testenv.Parallel(t)
 				f(t, newHarnessConfig(t, v.kind, policy.DefaultLimits(), runtime.Config{RunscPath: debianRunsc(t)}))
+			})
+			// Parked as soon as it is frozen: most calls restore it first.
+			t.Run("runsc-parked", func(t *testing.T) {
+				testenv.Parallel(t)
+				f(t, newParkedHarness(t, time.Millisecond))
 			})
 		}
 	}
@@ -172,7 +183,11 @@ func TestSessionOOMEnds(t *testing.T) {
 			testenv.Parallel(t)
 			lim := policy.DefaultLimits()
 			lim.MemoryBytes = 128 << 20
-			s := v.harness(t, lim).newSession()
+			h := v.harness(t, lim)
+			if v.kind == runtime.Runsc {
+				h.sessions.Park = time.Millisecond // the OOM comes after a restore
+			}
+			s := h.newSession()
 			s.run("a = 1")
 			res := s.run("x = bytearray(512 << 20)")
 			if !res.OOMKilled || res.Ended != runtime.EndOOM {

@@ -243,6 +243,6 @@ func killFrozen(dir string) bool {
 }
 
 func cgroupHasProcs(dir string) bool {
-	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	data, err := cgroupRead(filepath.Join(dir, "cgroup.procs"))
 	return err == nil && len(strings.TrimSpace(string(data))) > 0
 }

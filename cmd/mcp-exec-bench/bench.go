@@ -48,6 +48,7 @@ type RuntimeReport struct {
 	Throughput    []Throughput `json:"throughput,omitempty"`
 	Packages      *Latency     `json:"packages,omitempty"`
 	Sessions      *Sessions    `json:"sessions,omitempty"`
+	Parked        *Parked      `json:"parked_session,omitempty"`
 	StopError     string       `json:"stop_error,omitempty"`
 	// The baseline's figures, each measured right before the sandbox's
 	// that it is compared with.
@@ -231,23 +232,31 @@ func measureRuntime(ctx context.Context, o options, entry, python string, log io
 		// sampling; what it sees is the interpreters' memory.
 		// The server is a child of ours too, and none of the baseline's.
 		s := sampleMemory(os.Getpid(), sampleEvery, srv.pid())
-		cpu0 := machineCPU()
+		cpu0, kids0 := machineCPU(), childrenCPU()
 		b := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, pythonCaller(python, printOne))
 		b.PeakMemory = &Memory{HelpersKB: s.Stop().HelpersKB}
 		if b.Calls > 0 {
 			b.CPU = &CPUSplit{TotalMS: (machineCPU() - cpu0) / float64(b.Calls)}
+			// The interpreters' own, as the kernel accounted them when
+			// this program reaped them: what the sandbox's accounted
+			// total compares with.
+			b.CPU.Accounted = &Accounted{TotalMS: (childrenCPU() - kids0) / float64(b.Calls)}
 		}
 		r.Bare.Throughput = append(r.Bare.Throughput, b)
 
 		s = sampleMemory(srv.pid(), sampleEvery)
 		before, errBefore := readProcCPU(srv.pid())
+		inst, _ := findInstance(srv.pid())
+		acc0 := readAccounted(srv.pid(), inst)
 		machine := machineCPU()
 		tp := measureThroughput(ctx, c, o.Duration, o.CallsPerWorker, srv.caller(printOne))
 		machine = machineCPU() - machine
+		acc1 := readAccounted(srv.pid(), inst)
 		peak := s.Stop()
 		tp.PeakMemory = &peak
 		if after, err := readProcCPU(srv.pid()); err == nil && errBefore == nil {
 			tp.CPU = serverSplit(before, after, machine, tp.cpuMS, tp.Calls)
+			tp.CPU.Accounted = accountedSplit(acc0, acc1, tp.Calls)
 		}
 		tp.Ratio = ratio(tp.CallsPerS, b.CallsPerS)
 		r.Throughput = append(r.Throughput, tp)
@@ -259,6 +268,11 @@ func measureRuntime(ctx context.Context, o options, entry, python string, log io
 
 	if len(o.Packages) > 0 && ctx.Err() == nil {
 		r.Bare.Packages, r.Packages = measurePackages(ctx, o, entry, python, log)
+	}
+	if kind == "runsc" || strings.HasPrefix(entry, "runsc") {
+		if ctx.Err() == nil {
+			r.Parked = measureParked(ctx, o, entry, log)
+		}
 	}
 	return r
 }

@@ -104,6 +104,15 @@ func writeLatency(w io.Writer, rt RuntimeReport) {
 			fmt.Fprintf(w, "  persistent session: %s\n", ss.Error)
 		}
 	}
+	if p := rt.Parked; p != nil {
+		if p.Rounds > 0 {
+			fmt.Fprintf(w, "  parked session (MCP_EXEC_PERSISTENT_PARK_S=1, %d rounds): containers' RSS frozen +%s MiB, parked +%s MiB; image %s MiB on disk; park %.0f ms; the next print(1) %.0f ms (live %.1f ms)\n",
+				p.Rounds, fmtMB(p.FrozenKB), fmtMB(p.ParkedKB), fmtMB(p.ImageKB), p.ParkMS, p.RestoredCallMS, p.LiveCallMS)
+		}
+		if p.Error != "" {
+			fmt.Fprintf(w, "  parked session: %s\n", p.Error)
+		}
+	}
 }
 
 func writeThroughput(w io.Writer, rt RuntimeReport) {
@@ -134,6 +143,29 @@ func writeThroughput(w io.Writer, rt RuntimeReport) {
 		c.write(w, "  ", true)
 		fmt.Fprintln(w, "  (the machine's CPU while the level ran, less this program's; code: the results' cpu_ms; server: its own process;")
 		fmt.Fprintln(w, "  start: the rest, making, starting and ending sandboxes, templates' forks and the kernel's work included)")
+	}
+
+	a := &table{}
+	a.add("CPU per call, kernel-accounted, ms", "total", "server", "helpers", "sandboxes (code)", "templates", "kernel threads", "bare", "×")
+	for i, tp := range rt.Throughput {
+		if tp.CPU == nil || tp.CPU.Accounted == nil {
+			continue
+		}
+		ac := tp.CPU.Accounted
+		bare, r := "-", "-"
+		if bc := rt.Bare.Throughput[i].CPU; bc != nil && bc.Accounted != nil {
+			bare, r = fmt.Sprintf("%.1f", bc.Accounted.TotalMS), fmtRatio(ratio(ac.TotalMS, bc.Accounted.TotalMS))
+		}
+		a.add(fmt.Sprintf("concurrency %d", tp.Concurrency), fmt.Sprintf("%.1f", ac.TotalMS),
+			fmt.Sprintf("%.1f", ac.ServerMS), fmt.Sprintf("%.1f", ac.HelpersMS),
+			fmt.Sprintf("%.1f (%s)", ac.SandboxesMS, optMS(tp.CPU.CodeMS)), fmt.Sprintf("%.1f", ac.TemplatesMS),
+			fmt.Sprintf("%.1f", ac.KernelMS), bare, r)
+	}
+	if len(a.rows) > 1 {
+		a.write(w, "  ", true)
+		fmt.Fprintln(w, "  (each part as the kernel accounts it, whatever else the machine runs: the server process; its reaped children;")
+		fmt.Fprintln(w, "  the calls' cgroups, of which the code's cpu_ms; the templates' cgroups; the kernel's threads, the machine's;")
+		fmt.Fprintln(w, "  bare: the interpreters' own CPU, accounted to this program when it reaped them)")
 	}
 }
 

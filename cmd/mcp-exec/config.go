@@ -70,13 +70,16 @@ type config struct {
 	// session's threads run between its calls instead of freezing it.
 	PersistentPerClient  int
 	PersistentBackground bool
-	AuditLog             string
-	SessionIdle          time.Duration
-	MaxSessions          int
-	HTTPStateless        bool
-	StateDir             string
-	RunscPath            string
-	RunscPlatform        string
+	// PersistentPark: a frozen session idle this long is saved to disk
+	// and its sandbox ended, until its next call (runsc; 0 never).
+	PersistentPark time.Duration
+	AuditLog       string
+	SessionIdle    time.Duration
+	MaxSessions    int
+	HTTPStateless  bool
+	StateDir       string
+	RunscPath      string
+	RunscPlatform  string
 	// Egress is the network sandboxes may reach (egress.go); the zero
 	// value is none.
 	Egress egress.Settings
@@ -112,6 +115,7 @@ func defaultConfig() config {
 		ResourceTTL:        600 * time.Second,
 		PersistentMax:      8,
 		PersistentIdle:     600 * time.Second,
+		PersistentPark:     60 * time.Second,
 		PersistentLifetime: 3600 * time.Second,
 		SessionIdle:        600 * time.Second,
 		PoolSize:           -1,
@@ -190,6 +194,7 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_PERSISTENT_IDLE_S", "persistent-idle", "a persistent session without a call this long is ended", seconds(&c.PersistentIdle)},
 			setting{"MCP_EXEC_PERSISTENT_LIFETIME_S", "persistent-lifetime", "a persistent session is ended this long after it began", seconds(&c.PersistentLifetime)},
 			setting{"MCP_EXEC_PERSISTENT_PER_CLIENT", "persistent-per-client", "persistent sessions one client (an HTTP session, the stdio peer) may hold; default half of persistent-max", integer(&c.PersistentPerClient, 1)},
+			setting{"MCP_EXEC_PERSISTENT_PARK_S", "persistent-park", "under runsc, a frozen persistent session without a call this long is checkpointed to disk (under /var/tmp/mcp-exec-parked) and its sandbox ended, costing disk, not memory; its next call restores it first; 0 never", secondsOrNever(&c.PersistentPark)},
 			setting{"MCP_EXEC_PERSISTENT_BACKGROUND", "persistent-background", "a persistent session's threads and processes run on between its calls, each session using up to its CPU quota beside max-concurrency (default false: frozen between calls)", boolean(&c.PersistentBackground)},
 			setting{"MCP_EXEC_AUDIT_LOG", "audit-log", "path of the audit log (JSON lines), or - for stderr", str(&c.AuditLog)},
 			setting{"MCP_EXEC_SESSION_IDLE_S", "session-idle", "an HTTP session idle this long is closed", seconds(&c.SessionIdle)},
@@ -437,6 +442,22 @@ func boolean(p *bool) *value[bool] {
 func seconds(p *time.Duration) *value[time.Duration] {
 	return &value[time.Duration]{p: p, parse: parseSeconds,
 		format: func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) }}
+}
+
+// secondsOrNever is seconds, or 0 for never.
+func secondsOrNever(p *time.Duration) *value[time.Duration] {
+	v := seconds(p)
+	v.parse = func(s string) (time.Duration, error) {
+		if f, err := strconv.ParseFloat(strings.TrimSpace(s), 64); err == nil && f == 0 {
+			return 0, nil
+		}
+		d, err := parseSeconds(s)
+		if err != nil {
+			return 0, fmt.Errorf("%w (or 0: never)", err)
+		}
+		return d, nil
+	}
+	return v
 }
 
 func parseSeconds(s string) (time.Duration, error) {

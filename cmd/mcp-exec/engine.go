@@ -117,7 +117,7 @@ func settingsOf(cfg config, log *slog.Logger) settings {
 	return settings{kind: cfg.Runtime, runtime: rt, limits: cfg.Limits, caps: cfg.CallCaps, unused: unused,
 		source: rootfs.Source{Dir: cfg.Rootfs, Image: cfg.RootfsImage, Python: cfg.Python,
 			Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir, CacheDir: cfg.CacheDir},
-		sessions: runtime.SessionConfig{Background: cfg.PersistentBackground}}
+		sessions: runtime.SessionConfig{Background: cfg.PersistentBackground, Park: cfg.PersistentPark, Logger: log}}
 }
 
 // start creates the runtime and readies its sandboxes: the process
