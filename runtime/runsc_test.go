@@ -72,8 +72,14 @@ func TestRunscPrint(t *testing.T) {
 	if res.TimedOut || res.OOMKilled || res.StdoutTruncated || res.StderrTruncated {
 		t.Errorf("print(1): verdict %+v, want no timeout, OOM or truncation", res)
 	}
-	if res.PeakMemoryBytes <= 0 || res.CPUTime <= 0 {
-		t.Errorf("print(1): peak memory %d, CPU time %v, want both read from the call's cgroup", res.PeakMemoryBytes, res.CPUTime)
+	if res.PeakMemoryBytes <= 0 {
+		t.Errorf("print(1): peak memory %d, want it read from the call's cgroup", res.PeakMemoryBytes)
+	}
+	// A print(1) may run between two of the kernel's updates of the
+	// cgroup's CPU count (a tick or a switch of the sentry's threads), and
+	// be counted 0 on a busy machine: code that runs for a while is not.
+	if res := h.mustRun("sum(range(3_000_000))"); res.CPUTime <= 0 {
+		t.Errorf("a CPU loop: CPU time %v, want it read from the call's cgroup", res.CPUTime)
 	}
 	assertNoRunsc(t, h)
 }
