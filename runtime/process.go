@@ -35,9 +35,11 @@ import (
 //     podman's masked /proc do not), the call is in new user, pid, mount,
 //     network, IPC and UTS namespaces, bubblewrap's recipe: the init is their pid 1
 //     and sees to it that its /proc shows only the call's processes, /sys
-//     and the network only lo, the host's files are read-only and its /tmp
-//     is a tmpfs of the /tmp size (process_namespaces.go); under a server
-//     that is not root, its user namespace maps its uid to itself alone;
+//     and the network only lo, its root is its own, holding only the
+//     system's files the interpreter needs, read-only (no socket, home or
+//     /tmp of the host's), and its /tmp is a tmpfs of the /tmp size
+//     (process_namespaces.go); under a server that is not root, its user
+//     namespace maps its uid to itself alone;
 //   - the code runs in a Landlock domain of its own: it reads the
 //     interpreter, its libraries and the system's files, writes only its
 //     own dir (its /tmp), executes only the interpreter, makes no TCP
@@ -45,6 +47,8 @@ import (
 //     process outside the domain — not the server, not another call;
 //   - it runs under the product's seccomp filter, with IP sockets, SysV IPC
 //     and message queues refused too: their namespaces are the machine's;
+//     without a root of its own, unix sockets too: Landlock does not
+//     mediate connect(2) to a pathname socket;
 //   - the init is its subreaper, and the server theirs: every orphan of
 //     the call is killed when it ends, even one whose init died;
 //   - its dir is bounded in total (the /tmp size), by the tmpfs or,
@@ -111,12 +115,13 @@ func (i ProcessIsolation) Summary() string {
 			kinds = "user, " + kinds
 		}
 		parts = append(parts, kinds+" namespaces of its own (it sees only its own processes, "+
-			"no network interface but lo, and the machine's files read-only; its /tmp is a tmpfs of the /tmp size, removed after it)")
+			"no network interface but lo, and a root of its own holding only the interpreter and the system's files, read-only: "+
+			"no socket, home or /tmp of the machine's; its /tmp is a tmpfs of the /tmp size, removed after it)")
 	}
 	if i.Landlock > 0 {
 		s := "a Landlock domain of its own (it reads the interpreter and system files, writes only its own working directory, its /tmp, and runs only the interpreter"
 		if !i.Namespaces {
-			s += "; of /proc it sees only its own main process and the machine-wide files"
+			s += "; of /proc it sees only its own main process, not its network, and the machine-wide files"
 		}
 		if i.Landlock >= 6 {
 			s += "; it can signal or trace no process outside itself"
@@ -124,7 +129,11 @@ func (i ProcessIsolation) Summary() string {
 		parts = append(parts, s+")")
 	}
 	if i.Seccomp {
-		parts = append(parts, "the seccomp filter of the container runtimes, plus no IP sockets or System V IPC")
+		s := "the seccomp filter of the container runtimes, plus no IP sockets or System V IPC"
+		if !i.Namespaces {
+			s = "the seccomp filter of the container runtimes, plus no IP or unix sockets (socket pairs work) or System V IPC"
+		}
+		parts = append(parts, s)
 	}
 	if i.UIDPerCall {
 		parts = append(parts, "a uid of its own")
@@ -138,7 +147,7 @@ func (i ProcessIsolation) Summary() string {
 	}
 	rest := "no container of its own (no namespaces or cgroups): the container the server runs in is the boundary for the rest"
 	if i.Namespaces {
-		rest = "no container of its own (no cgroups or rootfs of its own): the container the server runs in bounds the memory and processes of all calls together"
+		rest = "no container of its own (no cgroups of its own): the container the server runs in bounds the memory and processes of all calls together"
 	}
 	return "each call is a fresh process with " + strings.Join(parts, "; ") + "; " + rest
 }
@@ -174,9 +183,6 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 		return nil, err
 	}
 	r.dir = dir
-	if err := r.probe(); err != nil {
-		return nil, err
-	}
 	for _, p := range policy.ProcessReadable() {
 		if strings.HasSuffix(p, "*") {
 			matches, _ := filepath.Glob(p)
@@ -184,6 +190,9 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 		} else {
 			r.read = append(r.read, p)
 		}
+	}
+	if err := r.probe(); err != nil {
+		return nil, err
 	}
 	if r.iso.Subreaper {
 		r.reaper = startSubreaper(r.uids)
@@ -213,12 +222,6 @@ func (r *ProcessRuntime) probe() error {
 		return fmt.Errorf("%w: probing what the process runtime can apply: %w", ErrSandbox, err)
 	}
 	r.iso = readProbe(out, h.EUID, r.uids != nil)
-	if r.iso.Seccomp {
-		if r.seccomp, err = compileSeccomp(policy.ProcessSeccomp()); err != nil {
-			r.iso.Seccomp = false
-			r.iso.Missing = append(r.iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
-		}
-	}
 	var refused error
 	if r.cfg.ProcessNamespaces != NamespacesOff {
 		refused = r.probeNamespaces()
@@ -229,6 +232,14 @@ func (r *ProcessRuntime) probe() error {
 	r.iso.Namespaces = r.cfg.ProcessNamespaces != NamespacesOff && refused == nil
 	if !r.iso.Namespaces {
 		r.iso.Missing = append(r.iso.Missing, namespacesMissing(refused, r.uids != nil))
+	}
+	// Unix sockets only in a root of the call's own: without one they
+	// reach every pathname socket the server's user may connect to.
+	if r.iso.Seccomp {
+		if r.seccomp, err = compileSeccomp(policy.ProcessSeccomp(r.iso.Namespaces)); err != nil {
+			r.iso.Seccomp = false
+			r.iso.Missing = append(r.iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
+		}
 	}
 	return nil
 }
@@ -266,7 +277,8 @@ func readProbe(out []byte, euid int, uidPerCall bool) ProcessIsolation {
 		}
 	}
 	if err := errno("seccomp"); err != nil {
-		iso.Missing = append(iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows, IP sockets and System V IPC among them",
+		iso.Missing = append(iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows, IP sockets and System V IPC among them, " +
+			"and without namespaces unix sockets to every path the server's user may connect to (his session bus, ssh-agent, a docker socket of his groups)",
 			Fix: fmt.Sprintf("installing a filter failed (%v): allow seccomp(2) in the container's profile", err)})
 	} else {
 		iso.Seccomp = true
@@ -494,21 +506,24 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 	if r.iso.Landlock > 0 {
 		p.Landlock = r.iso.Landlock
 	}
+	for _, kv := range b.Spec.Process.Env {
+		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
+			p.Read = append(p.Read, filepath.SplitList(v)...)
+		}
+	}
 	if r.iso.Namespaces {
-		// The tmpfs is the bound; /proc is the call's own.
+		// The tmpfs is the bound; /proc is the call's own; the root holds
+		// what the domain may read or run, the interpreter as named
+		// included, and nothing else of the host's.
 		p.ScratchBytes = 0
+		root := rootPaths(slices.Concat(p.Read, p.Exec, p.Devices, in.Argv[:1]), work, code)
 		if p.Namespaces, err = r.callNamespaces(b.Spec.Hostname, work, specMount(b.Spec, policy.WorkDir).Options, code,
-			specMount(b.Spec, bundle.CodeDir).Options, int(in.UID), int(in.GID), b.Spec.Linux.MaskedPaths, b.Spec.Linux.ReadonlyPaths); err != nil {
+			specMount(b.Spec, bundle.CodeDir).Options, int(in.UID), int(in.GID), b.Spec.Linux.MaskedPaths, b.Spec.Linux.ReadonlyPaths, root); err != nil {
 			return nil, err
 		}
 	} else if p.Landlock > 0 {
 		p.ProcSelf = true
 		p.Read = slices.DeleteFunc(p.Read, func(path string) bool { return path == "/proc" })
-	}
-	for _, kv := range b.Spec.Process.Env {
-		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
-			p.Read = append(p.Read, filepath.SplitList(v)...)
-		}
 	}
 	return &initproto.Config{Init: in, Process: p, Seccomp: r.seccomp}, nil
 }
@@ -549,6 +564,28 @@ func (r *ProcessRuntime) interpreterRules(python string) (exe, read []string, er
 	}
 	r.interp.Store(python, rules{exe, read})
 	return exe, read, nil
+}
+
+// rootPaths are the host paths bound into a call's own root: each of
+// paths but what the init mounts fresh (/proc, /sys, the call's own dirs
+// in skip), and none below another (a bind brings what is below it).
+func rootPaths(paths []string, skip ...string) []string {
+	var out []string
+	for _, p := range paths {
+		p = filepath.Clean(p)
+		if !filepath.IsAbs(p) || within(p, "/proc") || within(p, "/sys") || slices.ContainsFunc(skip, func(d string) bool { return within(p, d) }) {
+			continue
+		}
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	var kept []string
+	for _, p := range slices.Compact(out) {
+		if !slices.ContainsFunc(kept, func(d string) bool { return within(p, d) }) {
+			kept = append(kept, p)
+		}
+	}
+	return kept
 }
 
 // within reports whether p is dir or below it.

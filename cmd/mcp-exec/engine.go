@@ -258,7 +258,11 @@ func processNote(configured runtime.Kind, why string, iso runtime.ProcessIsolati
 	if names := missingNames(iso.Missing); names != "" {
 		n += " This host lacks: " + names + "."
 	}
-	n += " There are no IP sockets, and multiprocessing's pools, queues and locks are not available (they need the machine's /dev/shm): use threads."
+	if iso.Namespaces {
+		n += " There are no IP sockets, and multiprocessing's pools, queues and locks are not available (they need a /dev/shm, which the call has not): use threads."
+	} else {
+		n += " There are no IP or unix sockets (socketpair works), and multiprocessing's pools, queues, locks and managers are not available: use threads."
+	}
 	return n
 }
 

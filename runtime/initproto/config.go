@@ -46,6 +46,12 @@ type Fresh struct {
 	LoopbackMTU int
 	// KeepCaps are the capabilities the init keeps once set up (bits).
 	KeepCaps uint64
+	// Root, the process runtime's: when not empty, the init makes the call
+	// a root of its own, as bubblewrap does: a tmpfs holding these paths
+	// of the host bound read-only at the same place (a symlink made
+	// again as a symlink), the mounts above made in it, and nothing else
+	// of the host's; it pivots into it, and the host's root is gone.
+	Root []string
 }
 
 // Mount is one fresh mount, as mount(2) takes it.
@@ -71,10 +77,11 @@ type Process struct {
 	// Namespaces, when not nil, says that the init starts as pid 1 of new
 	// user, pid, mount, network, IPC and UTS namespaces (the runtime made
 	// them as it started it), and what it makes them before anything
-	// else, as a forked sandbox's init does: over the host's files, made
-	// read-only, a fresh /proc and /sys and a tmpfs on the work dir and
-	// one on the script's dir (Mounts); /proc's masks; the hostname; lo
-	// up. Then it keeps no capability (KeepCaps is 0).
+	// else, as a forked sandbox's init does: a root of the call's own,
+	// the host's paths of Root in it read-only, a fresh /proc and /sys
+	// and a tmpfs on the work dir and one on the script's dir (Mounts);
+	// /proc's masks; the hostname; lo up. Then it keeps no capability
+	// (KeepCaps is 0) but, under a root server, an init's.
 	Namespaces *Fresh
 	// ProcSelf narrows the domain's /proc, without a pid namespace of its
 	// own, to what is the machine's (not a process's) and the code's own
@@ -159,6 +166,11 @@ var fields = []field{
 		func(c *Config) bool { return c.Process != nil && c.Process.Namespaces != nil }, putOne},
 	{27, "CFG_PROC_SELF", "number: 1: of /proc the code reads only the machine's entries and its own process",
 		func(c *Config) bool { return c.Process != nil && c.Process.ProcSelf }, putOne},
+	{28, "CFG_ROOT", "string, each: a host path bound read-only at its place into the call's own root (the process runtime's)",
+		func(c *Config) bool {
+			return c.Process != nil && c.Process.Namespaces != nil && len(c.Process.Namespaces.Root) > 0
+		},
+		func(w *writer, c *Config) { w.strs(c.Process.Namespaces.Root) }},
 }
 
 func putOne(w *writer, _ *Config) { w.num(1) }

@@ -81,6 +81,9 @@ struct config {
 	char *hostname;
 	int loopback_mtu;
 	uint64_t keep_caps;
+	// The process runtime's init in namespaces: the host paths it binds
+	// read-only into the call's own root (setup_namespaces).
+	struct strv root;
 };
 
 // buffer is a growable byte queue.

@@ -38,44 +38,181 @@
 #define AT_RECURSIVE 0x8000
 #endif
 #define ATTR_RDONLY 0x00000001ULL // MOUNT_ATTR_RDONLY
+#define ATTR_NOSUID 0x00000002ULL // MOUNT_ATTR_NOSUID
+#define ATTR_NODEV 0x00000004ULL  // MOUNT_ATTR_NODEV
 
 struct setattr {
 	uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
 
-// setup_namespaces makes the namespaces the process runtime's init starts
-// in — new pid, mount, network, IPC and UTS ones, and, under a server
-// that is not root, a user namespace that maps its uid to itself, made as
-// the server started it as their pid 1 — the call's, as bubblewrap does: the host's root stays the
-// root (the interpreter and the system's files are the host's), but no
-// mount event goes either way and every mount of it is read-only; a
-// fresh /proc shows only the call's processes, with the container's
-// masks; a fresh /sys shows only lo; a tmpfs of the /tmp size is the work
-// dir (a hard bound, files without a name included) and another holds
-// the script; the hostname is the sandbox's (where the outer seccomp
-// profile allows it) and lo is up. Then the init
-// gives up its capabilities: all those it had in the namespaces (what it
-// does from here, any process of the call's uid could), or, made by a
-// root server without a user namespace, all but a container's init's.
-void setup_namespaces(const struct config *c) {
-	// It ends the call with kill(-1), which only pid 1 of the call's own
-	// pid namespace may do.
-	if (getpid() != 1)
-		die_errno("the init is not pid 1 of a pid namespace of its own", EINVAL);
-	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-		die("making the call's mounts private");
-	struct setattr ro = {.attr_set = ATTR_RDONLY};
-	if (syscall(__NR_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &ro, sizeof ro) < 0)
-		die("making the host's files read-only in the call's mount namespace (mount_setattr, Linux 5.12)");
+static void set_attr(const char *path, unsigned flags, uint64_t attr) {
+	struct setattr a = {.attr_set = attr};
+	if (syscall(__NR_mount_setattr, AT_FDCWD, path, flags, &a, sizeof a) < 0) {
+		char what[PATH_MAX + 80];
+		snprintf(what, sizeof what, "making %s read-only in the call's root (mount_setattr, Linux 5.12)", path);
+		die(what);
+	}
+}
+
+// in_root is path as it lies under the new root, not yet pivoted into.
+static void in_root(char *buf, size_t cap, const char *root, const char *path) {
+	if ((size_t)snprintf(buf, cap, "%s%s", root, path) >= cap)
+		die_errno(path, ENAMETOOLONG);
+}
+
+// make_dirs makes every dir of path below the new root (root, itself made)
+// that is not there yet, 0755. It never goes through a symlink: the
+// runtime binds nothing below a path it binds, so a symlink on the way is
+// one it did not mean.
+static void make_dirs(const char *root, const char *path) {
+	char p[PATH_MAX];
+	in_root(p, sizeof p, root, path);
+	for (char *s = p + strlen(root) + 1;; s++) {
+		if (*s != '/' && *s != '\0')
+			continue;
+		char c = *s;
+		*s = '\0';
+		struct stat st;
+		if (mkdir(p, 0755) < 0 && (errno != EEXIST || lstat(p, &st) < 0 || !S_ISDIR(st.st_mode)))
+			die_errno(p, errno == EEXIST ? ENOTDIR : errno);
+		*s = c;
+		if (c == '\0')
+			return;
+	}
+}
+
+static char *parent_of_path(char *buf, size_t cap, const char *path) {
+	snprintf(buf, cap, "%s", path);
+	char *slash = strrchr(buf, '/');
+	if (slash == buf)
+		slash[1] = '\0';
+	else if (slash != NULL)
+		*slash = '\0';
+	return buf;
+}
+
+// bind_into binds a path of the host read-only at the same place below
+// the new root: a dir or file by a bind mount of it and everything below
+// it, nosuid and (but for a device node) nodev as well; a symlink made
+// again, with the same target, which then resolves in the new root. A
+// path the host does not have is left out, as Landlock's rules leave it.
+static void bind_into(const char *root, const char *path) {
+	struct stat st;
+	if (lstat(path, &st) < 0) {
+		if (errno == ENOENT)
+			return;
+		die(path);
+	}
+	char dst[PATH_MAX], parent[PATH_MAX];
+	in_root(dst, sizeof dst, root, path);
+	if (strcmp(path, "/") != 0)
+		make_dirs(root, parent_of_path(parent, sizeof parent, path));
+	if (S_ISLNK(st.st_mode)) {
+		char target[PATH_MAX];
+		ssize_t n = readlink(path, target, sizeof target - 1);
+		if (n < 0)
+			die(path);
+		target[n] = '\0';
+		if (symlink(target, dst) < 0)
+			die(dst);
+		return;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		if (mkdir(dst, 0755) < 0 && errno != EEXIST)
+			die(dst);
+	} else {
+		int fd = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		if (fd < 0)
+			die(dst);
+		close(fd);
+	}
+	if (mount(path, dst, NULL, MS_BIND | MS_REC, NULL) < 0) {
+		char what[PATH_MAX + 64];
+		snprintf(what, sizeof what, "binding %s into the call's root", path);
+		die(what);
+	}
+	int dev = S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode);
+	set_attr(dst, AT_RECURSIVE, ATTR_RDONLY | ATTR_NOSUID | (dev ? 0 : ATTR_NODEV));
+}
+
+// new_root makes the call's own root on a tmpfs mounted on the work dir
+// (the init's, and no other process's, in this mount namespace): the
+// host's paths the runtime named, bound read-only; the fresh mounts
+// (/proc, /sys, the work dir's and the script dir's tmpfs) at their
+// places in it; /dev's links to /proc/self/fd, as a container's. Then it
+// pivots into it and lets the host's root go: no other file of the host,
+// no socket of /run, /tmp, /home or /var, and no line of the host's mount
+// table is there for the code. /proc is mounted before the pivot: a
+// user namespace may mount a fresh one only while a whole one is in
+// sight.
+static void new_root(const struct config *c) {
+	const char *root = c->workdir;
+	if (mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0)
+		die("mounting a tmpfs as the call's root");
+	for (int i = 0; i < c->root.n; i++)
+		bind_into(root, c->root.v[i]);
+	char dst[PATH_MAX];
 	for (int i = 0; i < c->nmounts; i++) {
 		const struct fmount *m = &c->mounts[i];
-		if (mount(m->source, m->target, m->type, m->flags, m->data) < 0) {
+		make_dirs(root, m->target);
+		in_root(dst, sizeof dst, root, m->target);
+		if (mount(m->source, dst, m->type, m->flags, m->data) < 0) {
 			char what[PATH_MAX + 64];
 			snprintf(what, sizeof what, "mounting a fresh %s on %s", m->type, m->target);
 			die(what);
 		}
 	}
+	static const char *const links[][2] = {
+		{"/dev/fd", "/proc/self/fd"}, {"/dev/stdin", "/proc/self/fd/0"},
+		{"/dev/stdout", "/proc/self/fd/1"}, {"/dev/stderr", "/proc/self/fd/2"},
+	};
+	in_root(dst, sizeof dst, root, "/dev");
+	struct stat st;
+	for (size_t i = 0; lstat(dst, &st) == 0 && i < sizeof links / sizeof links[0]; i++) {
+		char l[PATH_MAX];
+		in_root(l, sizeof l, root, links[i][0]);
+		if (symlink(links[i][1], l) < 0 && errno != EEXIST)
+			die(l);
+	}
+	if (chdir(root) < 0)
+		die("entering the call's root");
+	// The old root ends up stacked on the new one, at ".": detached, it is
+	// gone from this mount namespace.
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		die("pivoting into the call's root");
+	if (umount2(".", MNT_DETACH) < 0)
+		die("letting the host's root go");
+	if (chdir("/") < 0)
+		die("entering the call's root");
+}
+
+// setup_namespaces makes the namespaces the process runtime's init starts
+// in — new pid, mount, network, IPC and UTS ones, and, under a server
+// that is not root, a user namespace that maps its uid to itself, made as
+// the server started it as their pid 1 — the call's, as bubblewrap does:
+// a root of its own (new_root) holding, read-only, only what the
+// interpreter and its libraries need, a fresh /proc that shows only the
+// call's processes, with the container's masks, a fresh /sys that shows
+// only lo, a tmpfs of the /tmp size as the work dir (a hard bound, files
+// without a name included) and another holding the script; no mount
+// event goes either way. The hostname is the sandbox's (where the outer
+// seccomp profile allows it) and lo is up. Then the init gives up its
+// capabilities: all those it had in the namespaces (what it does from
+// here, any process of the call's uid could), or, made by a root server
+// without a user namespace, all but a container's init's.
+void setup_namespaces(const struct config *c) {
+	// It ends the call with kill(-1), which only pid 1 of the call's own
+	// pid namespace may do.
+	if (getpid() != 1)
+		die_errno("the init is not pid 1 of a pid namespace of its own", EINVAL);
+	if (c->root.n == 0)
+		die_errno("the configuration names nothing to bind into the call's root", EINVAL);
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		die("making the call's mounts private");
+	new_root(c);
 	fresh_proc_paths(c);
+	// Nothing is made in the root from here: it is read-only too.
+	set_attr("/", 0, ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV);
 	// A container engine's seccomp profile may refuse sethostname to a
 	// container without CAP_SYS_ADMIN (docker's and podman's do): the
 	// call's UTS namespace then keeps the name the server's container has,
@@ -83,8 +220,8 @@ void setup_namespaces(const struct config *c) {
 	if (c->hostname != NULL && sethostname(c->hostname, strlen(c->hostname)) < 0 && errno != EPERM)
 		die("setting the hostname");
 	loopback(c->loopback_mtu);
-	// The init started in the work dir the tmpfs now covers (the call's
-	// own: a root init may enter it only while it may override modes).
+	// The init's work dir is the tmpfs now (the call's own: a root init
+	// may enter it only while it may override modes).
 	if (chdir(c->workdir) < 0)
 		die("entering the work dir");
 	keep_caps(c->keep_caps);
@@ -178,19 +315,32 @@ static void add_rules(int ruleset, const struct strv *l, uint64_t rights, uint64
 
 // add_proc_rules grants rights on what of /proc is the machine's, not a
 // process's (every entry that is not a pid's dir or a link into one), and
-// on the calling process's own dir (its threads' are below it): the
-// code's main process sees itself, and no other process — not the
-// server, not another call, not its own children. Without a pid
-// namespace of its own, that is what keeps a call from reading the
-// command lines, and every other file, of the machine's processes.
+// on the calling process's own dir: the code's main process sees itself,
+// and no other process — not the server, not another call, not its own
+// children. Without a pid namespace of its own, that is what keeps a call
+// from reading the command lines, and every other file, of the machine's
+// processes. Of its own dir it reads every entry but net, which is the
+// machine's network namespace's (its TCP table lists the server's
+// listener and its clients' addresses), task, whose threads' dirs each
+// hold a net too, and the links (a rule on root would be one on /).
 static void add_proc_rules(int ruleset, uint64_t rights, uint64_t handled) {
 	char path[300];
 	snprintf(path, sizeof path, "/proc/%d", (int)getpid());
-	add_rule(ruleset, path, rights, handled);
+	DIR *self = opendir(path);
+	if (self == NULL)
+		die("listing the code's own /proc dir");
+	struct dirent *e;
+	while ((e = readdir(self)) != NULL) {
+		// A link (root, cwd, exe) would grant what it points to.
+		if (e->d_name[0] == '.' || e->d_type == DT_LNK || strcmp(e->d_name, "net") == 0 || strcmp(e->d_name, "task") == 0)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/%s", (int)getpid(), e->d_name);
+		add_rule(ruleset, path, rights, handled);
+	}
+	closedir(self);
 	DIR *d = opendir("/proc");
 	if (d == NULL)
 		die("listing /proc");
-	struct dirent *e;
 	while ((e = readdir(d)) != NULL) {
 		if (e->d_name[0] == '.' || (e->d_name[0] >= '0' && e->d_name[0] <= '9') || e->d_type == DT_LNK)
 			continue;
