@@ -349,6 +349,8 @@ type procContainer struct {
 	cmd *exec.Cmd
 	// watch: the session is frozen (freeze.go).
 	watch *stopWatch
+	// ranFrozen says what of the frozen session ran, which ended it.
+	ranFrozen string
 }
 
 // create makes the code's working dir (its /tmp) and the dir of its script

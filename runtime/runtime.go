@@ -186,6 +186,9 @@ type Result struct {
 	// Ended says why a session's sandbox takes no more calls: "" while it
 	// does (and for a call that is not a session's).
 	Ended EndReason
+	// EndDetail says in words what ended it when Ended alone would
+	// mislead (the runtime, not the code, ended it); else "".
+	EndDetail string
 }
 
 // LeftOut is an entry of /tmp/outputs that did not come back.

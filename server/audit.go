@@ -40,15 +40,18 @@ type auditRecord struct {
 	// handle, which is what lets a caller in); SessionEnded why it ended.
 	Session      string `json:"session,omitempty"`
 	SessionEnded string `json:"session_ended,omitempty"`
+	// SessionEndDetail says what ended it when SessionEnded alone would
+	// mislead (the server killed it, not its code).
+	SessionEndDetail string `json:"session_end_detail,omitempty"`
 	// Event is "session_start" or "session_end" for a record of a
 	// persistent session rather than of a call.
 	Event string `json:"event,omitempty"`
 }
 
 // auditSession records a persistent session's start or end.
-func (s *Server) auditSession(h *held, event, why string) {
+func (s *Server) auditSession(h *held, event, why, detail string) {
 	s.opts.Audit.write(auditRecord{Time: time.Now().UTC(), CallID: uuid.NewString(), Client: h.client,
-		Runtime: s.info.Runtime, Event: event, Session: h.id, SessionEnded: why})
+		Runtime: s.info.Runtime, Event: event, Session: h.id, SessionEnded: why, SessionEndDetail: detail})
 }
 
 type auditLimits struct {

@@ -239,7 +239,7 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		res, timeout, so, err := s.exec(ctx, req, in, o)
 		rec.setResult(res, timeout, err)
 		if so.handle != "" {
-			rec.Session, rec.SessionEnded = sessionID(so.handle), so.ended
+			rec.Session, rec.SessionEnded, rec.SessionEndDetail = sessionID(so.handle), so.ended, so.detail
 		}
 		rec.Verdict = s.endCall(ctx, c, rec, res, err)
 		s.opts.Audit.write(rec)
@@ -266,13 +266,14 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		out := outputOf(res, s.info.Runtime)
 		out.Session, out.SessionEnded = so.handle, so.ended
 		files, shown := s.fileBlocks(res.Files, &out, s.scopeOf(req.Session))
-		text := s.summary(callText{out: out, timeout: timeout, shown: shown})
+		text := s.summary(callText{out: out, timeout: timeout, shown: shown, endDetail: so.detail})
 		return &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: text}}, files...)}, out, nil
 	}
 }
 
-// sessionOut is what a call says of its persistent session.
-type sessionOut struct{ handle, ended string }
+// sessionOut is what a call says of its persistent session: its handle,
+// why it ended, and what ended it when that alone would mislead.
+type sessionOut struct{ handle, ended, detail string }
 
 // exec validates the input, waits for a free slot and runs the code: in a
 // fresh sandbox, or in the persistent session the input names.

@@ -30,6 +30,9 @@ type Session interface {
 	Done() <-chan struct{}
 	// Ended says why it ended on its own; "" while it lives.
 	Ended() runtime.EndReason
+	// EndDetail says in words what ended it when the reason alone would
+	// mislead; "" otherwise.
+	EndDetail() string
 	Close() error
 }
 
@@ -71,7 +74,7 @@ type sessions struct {
 	mu       sync.Mutex
 	live     map[string]*held // by handle: opening, idle, busy or ending
 	watching map[*mcp.ServerSession]bool
-	ended    map[string]string
+	ended    map[string]endedAs
 	order    []string // ended handles, oldest first
 	closed   bool
 }
@@ -111,6 +114,7 @@ type held struct {
 	mu       sync.Mutex
 	state    heldState
 	why      string          // why it ended (ended)
+	detail   string          // and in words, when why alone would mislead
 	queue    []chan struct{} // calls waiting for their turn, in arrival order
 	idle     *time.Timer
 	lifetime *time.Timer
@@ -127,8 +131,12 @@ func (h *held) move(to heldState) bool {
 	return false
 }
 
+// endedAs is why a session ended: a reason of the contract's, and, when
+// that alone would mislead, what happened.
+type endedAs struct{ why, detail string }
+
 func newSessions(s *Server) *sessions {
-	return &sessions{srv: s, live: map[string]*held{}, watching: map[*mcp.ServerSession]bool{}, ended: map[string]string{}}
+	return &sessions{srv: s, live: map[string]*held{}, watching: map[*mcp.ServerSession]bool{}, ended: map[string]endedAs{}}
 }
 
 // reserve makes room for a new session of owner, or says why there is
@@ -216,10 +224,10 @@ func (ss *sessions) open(h *held, sess Session) error {
 	go func() {
 		<-sess.Done()
 		if r := sess.Ended(); r != "" {
-			ss.end(h, string(r))
+			ss.endWith(h, endedAs{string(r), sess.EndDetail()})
 		}
 	}()
-	ss.srv.auditSession(h, "session_start", "")
+	ss.srv.auditSession(h, "session_start", "", "")
 	ss.srv.log.Info("persistent session started", "session", h.id, "client", h.client)
 	return nil
 }
@@ -244,8 +252,8 @@ func (ss *sessions) lookup(handle string) (*held, error) {
 	if h, ok := ss.live[handle]; ok {
 		return h, nil
 	}
-	if why, ok := ss.ended[handle]; ok {
-		return nil, fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(why, ss.srv.opts))
+	if e, ok := ss.ended[handle]; ok {
+		return nil, fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(e.why, e.detail, ss.srv.opts))
 	}
 	msg := "session: no persistent session of that handle on this server; start one with session \"new\""
 	if ss.srv.opts.Stateless || ss.srv.opts.Transport != Stdio {
@@ -260,7 +268,7 @@ func (ss *sessions) turn(ctx context.Context, h *held) error {
 	h.mu.Lock()
 	if h.state == ended || h.state == opening {
 		h.mu.Unlock()
-		return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, ss.srv.opts))
+		return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, h.detail, ss.srv.opts))
 	}
 	if h.move(busy) {
 		h.idle.Stop()
@@ -283,7 +291,7 @@ func (ss *sessions) turn(ctx context.Context, h *held) error {
 		defer h.mu.Unlock()
 		if h.state == ended {
 			ss.passTurn(h)
-			return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, ss.srv.opts))
+			return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, h.detail, ss.srv.opts))
 		}
 		return nil
 	case <-ctx.Done():
@@ -315,14 +323,17 @@ func (ss *sessions) passTurn(h *held) {
 
 // release ends a call's turn; why, when not "", ends the session, as does
 // a lifetime that passed during the call.
-func (ss *sessions) release(h *held, why string) {
+func (ss *sessions) release(h *held, why string) { ss.releaseWith(h, endedAs{why: why}) }
+
+// releaseWith is release with what ended the session in words.
+func (ss *sessions) releaseWith(h *held, e endedAs) {
 	h.mu.Lock()
-	if why == "" && h.state == ending {
-		why = endLifetime
+	if e.why == "" && h.state == ending {
+		e.why = endLifetime
 	}
 	h.mu.Unlock()
-	if why != "" {
-		ss.end(h, why)
+	if e.why != "" {
+		ss.endWith(h, e)
 	}
 	h.mu.Lock()
 	ss.passTurn(h)
@@ -350,13 +361,18 @@ func (ss *sessions) expire(h *held, why string) {
 
 // end ends a session once, for why: its sandbox is torn down, its handle
 // remembered with the reason.
-func (ss *sessions) end(h *held, why string) {
+func (ss *sessions) end(h *held, why string) { ss.endWith(h, endedAs{why: why}) }
+
+// endWith is end with what happened in words, when why alone would
+// mislead.
+func (ss *sessions) endWith(h *held, e endedAs) {
+	why := e.why
 	h.mu.Lock()
 	if !h.move(ended) {
 		h.mu.Unlock()
 		return
 	}
-	h.why = why
+	h.why, h.detail = why, e.detail
 	sess := h.sess
 	if h.idle != nil {
 		h.idle.Stop()
@@ -366,7 +382,7 @@ func (ss *sessions) end(h *held, why string) {
 
 	ss.mu.Lock()
 	delete(ss.live, h.handle)
-	ss.ended[h.handle] = why
+	ss.ended[h.handle] = e
 	ss.order = append(ss.order, h.handle)
 	if len(ss.order) > rememberEnded {
 		delete(ss.ended, ss.order[0])
@@ -379,7 +395,11 @@ func (ss *sessions) end(h *held, why string) {
 	if err := sess.Close(); err != nil {
 		ss.srv.log.Error("tearing down a persistent session", "session", h.id, "err", err)
 	}
-	ss.srv.auditSession(h, "session_end", why)
+	ss.srv.auditSession(h, "session_end", why, e.detail)
+	if e.detail != "" {
+		ss.srv.log.Warn("persistent session ended", "session", h.id, "why", why, "detail", e.detail, "lived", time.Since(h.created).Round(time.Millisecond))
+		return
+	}
 	ss.srv.log.Info("persistent session ended", "session", h.id, "why", why, "lived", time.Since(h.created).Round(time.Millisecond))
 }
 
@@ -418,7 +438,7 @@ func (ss *sessions) call(ctx context.Context, req *mcp.CallToolRequest, in execI
 	if err != nil || endOnly {
 		if err == nil {
 			ss.release(h, endClosed)
-			return runtime.Result{}, 0, sessionOut{h.handle, endClosed}, nil
+			return runtime.Result{}, 0, sessionOut{handle: h.handle, ended: endClosed}, nil
 		}
 		return runtime.Result{}, timeout, sessionOut{}, err
 	}
@@ -435,9 +455,9 @@ func (ss *sessions) call(ctx context.Context, req *mcp.CallToolRequest, in execI
 		}
 	}
 	res, err := h.sess.Run(ctx, s.request(ctx, in, files, timeout, live))
-	why, err := ss.verdict(res, err, in.EndSession)
-	ss.release(h, why)
-	return res, timeout, sessionOut{h.handle, why}, err
+	e, err := ss.verdict(res, err, in.EndSession)
+	ss.releaseWith(h, e)
+	return res, timeout, sessionOut{h.handle, e.why, e.detail}, err
 }
 
 // check refuses a session call that cannot be made, and checks a call
@@ -498,26 +518,30 @@ func (ss *sessions) make(ctx context.Context, h *held) error {
 	return ss.open(h, sess)
 }
 
-// verdict is why a session call's result ends its session ("" when it
-// lives on), and the error the caller gets.
-func (ss *sessions) verdict(res runtime.Result, err error, endSession bool) (string, error) {
-	why := string(res.Ended)
+// verdict is why a session call's result ends its session (why "" when
+// it lives on), and the error the caller gets.
+func (ss *sessions) verdict(res runtime.Result, err error, endSession bool) (endedAs, error) {
+	e := endedAs{string(res.Ended), res.EndDetail}
 	var gone *runtime.EndedError
 	switch {
 	case errors.As(err, &gone):
-		why = string(gone.Reason)
-		err = &inputError{fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(why, ss.srv.opts))}
-	case errors.Is(err, runtime.ErrSandbox) && why == "":
+		e = endedAs{string(gone.Reason), gone.Detail}
+		err = &inputError{fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(e.why, e.detail, ss.srv.opts))}
+	case errors.Is(err, runtime.ErrSandbox) && e.why == "":
 		// The sandbox could not run the call: the session goes with it.
-		why = string(runtime.EndExited)
-	case why == "" && endSession:
-		why = endClosed
+		e = endedAs{string(runtime.EndExited), "the sandbox could not run the call"}
+	case e.why == "" && endSession:
+		e.why = endClosed
 	}
-	return why, err
+	return e, err
 }
 
-// describeEnd says what an end reason means.
-func describeEnd(why string, o Options) string {
+// describeEnd says what an end reason means; detail, when given, says
+// what happened instead of the reason's usual meaning.
+func describeEnd(why, detail string, o Options) string {
+	if detail != "" {
+		return why + ": " + detail
+	}
 	switch why {
 	case endClosed:
 		return "closed: a call ended it with end_session, or the MCP session that opened it ended"

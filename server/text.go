@@ -37,6 +37,9 @@ type callText struct {
 	// content block), "image below", or "link" (a resource_link to its
 	// uri).
 	shown []string
+	// endDetail says what ended the session, when out.SessionEnded alone
+	// would mislead.
+	endDetail string
 }
 
 // textBytes is the text block's budget.
@@ -91,7 +94,7 @@ func (s *Server) verdictLine(c callText) string {
 	if out.Session != "" {
 		fmt.Fprintf(&b, "; persistent session %s", out.Session)
 		if out.SessionEnded != "" {
-			fmt.Fprintf(&b, " ended (%s)", describeEnd(out.SessionEnded, o))
+			fmt.Fprintf(&b, " ended (%s)", describeEnd(out.SessionEnded, c.endDetail, o))
 		}
 	}
 	fmt.Fprintf(&b, " (%d ms)\n", out.DurationMS)

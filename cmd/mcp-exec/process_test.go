@@ -751,6 +751,88 @@ print(json.dumps(out))`, &got)
 	}
 }
 
+// A frozen session's process whose thread-group leader has exited, its
+// worker thread woken by its own timer (red team F2), runs no further
+// than the watch's next look: the session is ended, and the next call,
+// the log and the audit log say why, truthfully (the reason stays
+// "exited", the contract's word, not "the interpreter ended").
+func TestProcessFrozenSessionThatRunsIsEnded(t *testing.T) {
+	// As runtime's selfWakeZombie; the worker counts in a file.
+	const code = `import ctypes, os, platform, signal, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+class sigevent(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("pad", ctypes.c_byte * 48)]
+class itimerspec(ctypes.Structure):
+    _fields_ = [("i_s", ctypes.c_long), ("i_ns", ctypes.c_long), ("v_s", ctypes.c_long), ("v_ns", ctypes.c_long)]
+r, w = os.pipe()
+if os.fork() == 0:
+    signal.signal(signal.SIGCONT, lambda *_: None)
+    def spin():
+        timer = ctypes.c_void_p()
+        libc.timer_create(0, ctypes.byref(sigevent(signo=signal.SIGCONT, notify=0)), ctypes.byref(timer))
+        libc.timer_settime(timer, 0, ctypes.byref(itimerspec(0, 0, 1, 0)), None)  # once, a second after this call
+        n = 0
+        while True:
+            n += 1
+            if n % 1_000_000 == 0:
+                open("spin", "w").write(str(n))
+    threading.Thread(target=spin).start()
+    ready, go = os.pipe()
+    if os.fork() == 0:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+        libc.prctl(1, signal.SIGUSR1)  # PR_SET_PDEATHSIG: the leader thread's end
+        os.write(go, b"r")
+        signal.sigwait([signal.SIGUSR1])
+        os.write(w, b"x")
+        time.sleep(3600)
+    os.read(ready, 1)
+    libc.syscall(60 if platform.machine() == "x86_64" else 93, 0)
+os.read(r, 1)
+print("armed")`
+	for _, m := range processModes {
+		t.Run(m.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "mcp-exec-audit-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			os.Chmod(dir, 0o777)
+			audit := filepath.Join(dir, "audit.log")
+			s := startProcessServer(t, m, "MCP_EXEC_AUDIT_LOG="+audit)
+			out, _ := s.call(t, map[string]any{"code": code, "session": "new"})
+			if out.Stdout != "armed\n" || out.SessionEnded != "" {
+				t.Fatalf("the first call: %q %q, session ended %q", out.Stdout, out.Stderr, out.SessionEnded)
+			}
+			frozen := time.Now()
+			testenv.EventuallyWithin(t, 10*time.Second, "the session that ran while frozen to be ended", func() bool {
+				return strings.Contains(s.stderr.String(), "persistent session ended")
+			})
+			t.Logf("ended %v after the call", time.Since(frozen).Round(time.Millisecond))
+			res, err := s.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec",
+				Arguments: map[string]any{"code": `print(open("spin").read())`, "session": out.Session}})
+			if err != nil || !res.IsError {
+				t.Fatalf("a call to the ended session: %v %+v, want isError", err, res)
+			}
+			msg := res.Content[0].(*mcp.TextContent).Text
+			if !strings.Contains(msg, "exited: killed by the server: a process of the session ran while the session was frozen") ||
+				strings.Contains(msg, "sys.exit or a crash") {
+				t.Errorf("the call after: %q, want the session ended, saying it ran while frozen", msg)
+			}
+			if log := s.stderr.String(); !strings.Contains(log, `detail="killed by the server: a process of the session ran while the session was frozen`) {
+				t.Errorf("the server's log does not say why the session ended:\n%s", log)
+			}
+			var ended bool
+			for _, l := range strings.Split(string(mustRead(t, audit)), "\n") {
+				ended = ended || strings.Contains(l, `"event":"session_end"`) && strings.Contains(l, `"session_ended":"exited"`) &&
+					strings.Contains(l, `"session_end_detail":"killed by the server: a process of the session ran while the session was frozen`)
+			}
+			if !ended {
+				t.Errorf("the audit log has no session_end saying why:\n%s", mustRead(t, audit))
+			}
+		})
+	}
+}
+
 // Under root, concurrent calls have uids of their own, so a call that
 // exhausts its per-user kernel limits (inotify instances) leaves another
 // its own.
