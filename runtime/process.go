@@ -100,6 +100,11 @@ type ProcessIsolation struct {
 	Subreaper bool `json:"subreaper"`
 	// UIDPerCall: each concurrent call has a host uid of its own (root).
 	UIDPerCall bool `json:"uid_per_call"`
+	// ContainerPids is the process limit of the cgroup the server runs in
+	// (a container's --pids-limit), which bounds the server and all calls
+	// together; 0 when there is none. A call takes no more than it leaves,
+	// less a reserve for the server.
+	ContainerPids int64 `json:"container_pids,omitempty"`
 	// Missing says what of the process runtime's isolation this host
 	// lacks, each with what it costs and how to get it.
 	Missing []host.Missing `json:"missing,omitempty"`
@@ -197,6 +202,9 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 	if r.iso.Subreaper {
 		r.reaper = startSubreaper(r.uids)
 	}
+	if r.uids == nil {
+		raiseOwnProcessLimit()
+	}
 	for _, m := range r.iso.Missing {
 		cfg.Logger.Warn("the process runtime cannot apply this here", "missing", m.What, "why", m.Why, "fix", m.Fix)
 	}
@@ -222,6 +230,7 @@ func (r *ProcessRuntime) probe() error {
 		return fmt.Errorf("%w: probing what the process runtime can apply: %w", ErrSandbox, err)
 	}
 	r.iso = readProbe(out, h.EUID, r.uids != nil)
+	r.iso.ContainerPids = OuterPidsMax()
 	var refused error
 	if r.cfg.ProcessNamespaces != NamespacesOff {
 		refused = r.probeNamespaces()
@@ -439,8 +448,10 @@ func (pc *procContainer) kill() {
 	}
 }
 
-// verdict: without a cgroup there is no OOM counter or accounting; the
-// init's rlimits turn memory exhaustion into MemoryError.
+// verdict: without a cgroup there is no OOM counter or accounting here;
+// the init measures the call's processes and says when the code reached
+// its process limit, or ended of a MemoryError (its memory limit is an
+// rlimit), with its verdict (supervise.go).
 func (pc *procContainer) verdict(*Result)               {}
 func (pc *procContainer) cpu() time.Duration            { return 0 }
 func (pc *procContainer) sockets() (int64, int64, bool) { return 0, 0, false }
@@ -470,8 +481,8 @@ func (pc *procContainer) destroy() error {
 // named relative to the work dir, so that no other process sees where the
 // call's dir is on its command line), the limits a cgroup would have
 // enforced as rlimits (memory as data, processes, file size; processes are
-// counted per uid by the kernel), the code's confinement, and, where the
-// host lets it, the call's namespaces. The code runs as uid and gid: an
+// counted per uid by the kernel: process_limits.go), the code's
+// confinement, and, where the host lets it, the call's namespaces. The code runs as uid and gid: an
 // unprivileged server's own, or, under root, the call's.
 func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gid int) (*initproto.Config, error) {
 	in := b.Init
@@ -487,8 +498,14 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 	if res != nil && res.Memory != nil && res.Memory.Limit != nil {
 		lim("RLIMIT_DATA", *res.Memory.Limit)
 	}
+	sharedUID := r.uids == nil && !r.iso.Namespaces
+	var pidsShare int64
 	if res != nil && res.Pids != nil && res.Pids.Limit != nil {
-		lim("RLIMIT_NPROC", *res.Pids.Limit*8+64)
+		limit, share := processLimit(*res.Pids.Limit, sharedUID, uid)
+		lim("RLIMIT_NPROC", limit)
+		if sharedUID {
+			pidsShare = share
+		}
 	}
 	scratch := tmpfsSize(b.Spec)
 	if scratch > 0 {
@@ -504,6 +521,7 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 		Devices:      policy.ProcessDevices(),
 		Write:        []string{work},
 		ScratchBytes: scratch,
+		PidsShare:    pidsShare,
 	}
 	if r.iso.Landlock > 0 {
 		p.Landlock = r.iso.Landlock

@@ -40,6 +40,9 @@ type callText struct {
 	// endDetail says what ended the session, when out.SessionEnded alone
 	// would mislead.
 	endDetail string
+	// memoryRefused: oom_killed means the process runtime's memory limit
+	// refused an allocation (MemoryError), not a kill.
+	memoryRefused bool
 }
 
 // textBytes is the text block's budget.
@@ -73,7 +76,10 @@ func (s *Server) verdictLine(c callText) string {
 	if out.TimedOut {
 		b.WriteString("; " + timeoutText(out, c.timeout))
 	}
-	if out.OOMKilled {
+	switch {
+	case out.OOMKilled && c.memoryRefused:
+		fmt.Fprintf(&b, "; the memory limit (%d MiB) refused an allocation, and the MemoryError ended the code", o.Limits.MemoryBytes/mib)
+	case out.OOMKilled:
 		fmt.Fprintf(&b, "; killed by the memory limit (%d MiB)", o.Limits.MemoryBytes/mib)
 	}
 	if out.PidsLimited {

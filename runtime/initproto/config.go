@@ -88,6 +88,13 @@ type Process struct {
 	// process: no other process, the server's and other calls' included,
 	// is visible to it. Read then lists no /proc.
 	ProcSelf bool
+	// PidsShare, when not 0, is the call's share of processes where its
+	// process limit (RLIMIT_NPROC) counts a uid it shares with the server
+	// and other calls (the runtime set the limit at the uid's count as the
+	// call was prepared, plus the share): the init says the limit was
+	// reached when the call's own tasks reach the share, not when the
+	// uid's count, which others move, reaches the limit.
+	PidsShare int64
 }
 
 // fresh is what the init makes of the new namespaces it starts in, if
@@ -171,6 +178,9 @@ var fields = []field{
 			return c.Process != nil && c.Process.Namespaces != nil && len(c.Process.Namespaces.Root) > 0
 		},
 		func(w *writer, c *Config) { w.strs(c.Process.Namespaces.Root) }},
+	{29, "CFG_PIDS_SHARE", "number: the call's share of processes, its RLIMIT_NPROC counting a uid shared with others",
+		func(c *Config) bool { return c.Process != nil && c.Process.PidsShare > 0 },
+		func(w *writer, c *Config) { w.num(uint64(c.Process.PidsShare)) }},
 }
 
 func putOne(w *writer, _ *Config) { w.num(1) }

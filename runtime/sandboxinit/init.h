@@ -84,6 +84,9 @@ struct config {
 	// The process runtime's init in namespaces: the host paths it binds
 	// read-only into the call's own root (setup_namespaces).
 	struct strv root;
+	// The process runtime's share of processes for a call whose process
+	// limit counts a uid shared with others; 0: the count is the call's.
+	uint64_t pids_share;
 };
 
 // buffer is a growable byte queue.
@@ -134,6 +137,10 @@ struct scratch *scratch_open(const struct config *c);
 int scratch_fd(const struct scratch *s);
 int scratch_timeout(const struct scratch *s, int period_ms);
 int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap);
+int nproc_at_limit(const struct config *c);
+void usage_mark(const struct config *c, int later);
+void usage_sample(void);
+void usage_send(void);
 
 // init_fresh.c
 void fresh_proc_paths(const struct config *c);

@@ -118,6 +118,7 @@ static void field(struct config *c, unsigned key, const unsigned char *v, uint32
 	case CFG_NAMESPACES: c->namespaces = number(key, v, n) != 0; break;
 	case CFG_PROC_SELF: c->proc_self = number(key, v, n) != 0; break;
 	case CFG_ROOT: push(&c->root, string(key, v, n)); break;
+	case CFG_PIDS_SHARE: c->pids_share = number(key, v, n); break;
 	default: bad("unknown key", key);
 	}
 }

@@ -24,6 +24,7 @@
 #include <sys/inotify.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -766,4 +767,226 @@ int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap) {
 	else
 		return 0;
 	return 1;
+}
+
+// The process runtime's measures, which a container's cgroups make for
+// it: whether the code's process limit was reached, and what the call's
+// processes used.
+
+// nproc_limit is the code's RLIMIT_NPROC, as the configuration sets it on
+// the init (and so on the code); 0 when it sets none.
+static uint64_t nproc_limit(const struct config *c) {
+	for (int i = 0; i < c->nrlimits; i++)
+		if (c->rlimits[i].resource == RLIMIT_NPROC)
+			return c->rlimits[i].soft;
+	return 0;
+}
+
+// status_field reads the first number after name in a /proc status file.
+static int status_field(const char *status, const char *name, unsigned long long *v) {
+	const char *p = strstr(status, name);
+	return p != NULL && sscanf(p + strlen(name), "%llu", v) == 1;
+}
+
+static ssize_t read_small(const char *path, char *buf, size_t cap) {
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, cap - 1);
+	close(fd);
+	if (n >= 0)
+		buf[n] = '\0';
+	return n;
+}
+
+static void walk_tree(pid_t root, void (*visit)(pid_t pid, void *arg), void *arg);
+
+// add_threads counts a process's tasks (threads).
+static void add_threads(pid_t pid, void *arg) {
+	char path[64], buf[4096];
+	unsigned long long threads;
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	if (read_small(path, buf, sizeof buf) > 0)
+		*(uint64_t *)arg += status_field(buf, "\nThreads:", &threads) ? threads : 1;
+}
+
+// nproc_at_limit says whether the count RLIMIT_NPROC keeps for the code's
+// uid — its tasks (threads), zombies included — has reached the limit, so
+// that a fork or a new thread fails there. The kernel counts per user in
+// each user namespace: in the call's own, its tasks (the init's with
+// them); under root, a uid of the call's own. Without either the uid is
+// the server's, and the count every task of it, other calls' included
+// (the runtime set the limit at their count as the call was prepared, and
+// the call's share above it): the call's own tasks, this init's among
+// them, reaching its share say it then, as the others' coming and going
+// moves the uid's count under it.
+int nproc_at_limit(const struct config *c) {
+	if (c->pids_share > 0) {
+		uint64_t own = 1;
+		walk_tree(getpid(), add_threads, &own);
+		return own >= c->pids_share;
+	}
+	uint64_t lim = nproc_limit(c);
+	if (lim == 0)
+		return 0;
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		return 0;
+	uint64_t n = 0;
+	struct dirent *e;
+	char path[300], buf[4096];
+	while ((e = readdir(d)) != NULL && n < lim) {
+		if (!is_pid(e->d_name))
+			continue;
+		snprintf(path, sizeof path, "/proc/%s/status", e->d_name);
+		unsigned long long uid, threads;
+		if (read_small(path, buf, sizeof buf) <= 0 || !status_field(buf, "\nUid:", &uid) || uid != c->uid)
+			continue;
+		n += status_field(buf, "\nThreads:", &threads) ? threads : 1;
+	}
+	closedir(d);
+	return n >= lim;
+}
+
+// usage is what the call's processes used: CPU time and the peak resident
+// memory of the largest of them.
+struct usage {
+	uint64_t cpu_ns, peak, reaped_peak;
+};
+
+// The call's measures so far: what its processes had used as its code
+// started, and the largest peak seen since (usage_sample).
+static struct usage usage_base;
+static uint64_t usage_peak;
+
+// walk_tree calls visit for every process below root (zombies too), as
+// this init's /proc shows them.
+static void walk_tree(pid_t root, void (*visit)(pid_t pid, void *arg), void *arg) {
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		return;
+	// Parents of every process, to walk the tree below root.
+	int cap = 256, n = 0;
+	struct proc_parent {
+		pid_t pid, parent;
+		int below;
+	} *pp = malloc((size_t)cap * sizeof *pp);
+	struct dirent *e;
+	while (pp != NULL && (e = readdir(d)) != NULL) {
+		if (!is_pid(e->d_name))
+			continue;
+		pid_t parent = parent_of(e->d_name);
+		if (parent < 0)
+			continue;
+		if (n == cap) {
+			cap *= 2;
+			void *np = realloc(pp, (size_t)cap * sizeof *pp);
+			if (np == NULL)
+				break;
+			pp = np;
+		}
+		pp[n++] = (struct proc_parent){(pid_t)atoi(e->d_name), parent, 0};
+	}
+	closedir(d);
+	// A process is below root when its parent is root or below it:
+	// walked until no more are found.
+	for (int changed = 1; changed && pp != NULL;) {
+		changed = 0;
+		for (int i = 0; i < n; i++) {
+			if (pp[i].below)
+				continue;
+			int below = pp[i].parent == root;
+			for (int j = 0; !below && j < n; j++)
+				below = pp[j].below && pp[j].pid == pp[i].parent;
+			if (below) {
+				pp[i].below = changed = 1;
+				visit(pp[i].pid, arg);
+			}
+		}
+	}
+	free(pp);
+}
+
+static void clear_peak(pid_t pid, void *arg) {
+	(void)arg;
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/clear_refs", (int)pid);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, "5", 1);
+		close(fd);
+	}
+}
+
+// add_usage adds a process's CPU time and that of the children it reaped,
+// and takes its peak resident set (VmHWM) if it is the largest.
+static void add_usage(pid_t pid, void *arg) {
+	struct usage *u = arg;
+	char path[64], buf[4096], *rp;
+	long hz = sysconf(_SC_CLK_TCK);
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	unsigned long long ut, st, cut, cst, hwm;
+	if (read_small(path, buf, sizeof buf) > 0 && (rp = strrchr(buf, ')')) != NULL &&
+	    sscanf(rp + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu %llu %llu", &ut, &st, &cut, &cst) == 4 && hz > 0)
+		u->cpu_ns += (ut + st + cut + cst) * (1000000000ULL / (unsigned long long)hz);
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	if (read_small(path, buf, sizeof buf) > 0 && status_field(buf, "\nVmHWM:", &hwm) && hwm * 1024 > u->peak)
+		u->peak = hwm * 1024;
+}
+
+// tree_usage is what the processes below root used (add_usage), and what
+// this init's reaped children did (RUSAGE_CHILDREN).
+static struct usage tree_usage(pid_t root) {
+	struct usage u = {0};
+	walk_tree(root, add_usage, &u);
+	struct rusage ru;
+	if (getrusage(RUSAGE_CHILDREN, &ru) == 0) {
+		u.cpu_ns += ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000ULL +
+			    ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ULL;
+		u.reaped_peak = (uint64_t)ru.ru_maxrss * 1024;
+	}
+	return u;
+}
+
+// reset_peaks clears the peaks of the processes below the init, as the
+// code's user: only the owner of a process may.
+static int reset_peaks(const struct config *c, void *init) {
+	(void)c;
+	walk_tree(*(pid_t *)init, clear_peak, NULL);
+	return 0;
+}
+
+// usage_mark notes, as a call's code starts, what the call's processes
+// had used: a call is told only its own. A session's later call starts
+// from its live processes' peaks cleared, as the code's user (a root
+// init in namespaces keeps no capability that would let it).
+void usage_mark(const struct config *c, int later) {
+	pid_t self = getpid();
+	if (later)
+		as_user(c, reset_peaks, &self);
+	usage_base = tree_usage(self);
+	usage_peak = 0;
+}
+
+// usage_sample takes the largest peak of the call's live processes: one
+// that a process of the code reaps itself is seen no other way.
+void usage_sample(void) {
+	struct usage u = tree_usage(getpid());
+	if (u.peak > usage_peak)
+		usage_peak = u.peak;
+}
+
+// usage_send reports what the call used since usage_mark (I_USAGE), just
+// before its verdict: CPU time, to a clock tick; the peak is the largest
+// single process's resident set, as last seen or sampled, or, of those
+// this init reaped, as far as one passed the earlier calls' largest.
+void usage_send(void) {
+	struct usage u = tree_usage(getpid());
+	uint64_t peak = u.peak > usage_peak ? u.peak : usage_peak;
+	if (u.reaped_peak > usage_base.reaped_peak && u.reaped_peak > peak)
+		peak = u.reaped_peak;
+	unsigned char p[16];
+	put_u64(p, u.cpu_ns > usage_base.cpu_ns ? u.cpu_ns - usage_base.cpu_ns : 0);
+	put_u64(p + 8, peak);
+	frame(I_USAGE, p, sizeof p);
 }
