@@ -360,6 +360,9 @@ type procContainer struct {
 	watch *stopWatch
 	// ranFrozen says what of the frozen session ran, which ended it.
 	ranFrozen string
+	// claimed: the call's own process limit is set (a uid shared with
+	// the server's: claimProcessLimit).
+	claimed bool
 }
 
 // create makes the code's working dir (its /tmp) and the dir of its script
@@ -456,8 +459,18 @@ func (pc *procContainer) verdict(*Result)               {}
 func (pc *procContainer) cpu() time.Duration            { return 0 }
 func (pc *procContainer) sockets() (int64, int64, bool) { return 0, 0, false }
 
-// foreground: no cgroup, no weight; a prepared process waits idle.
-func (pc *procContainer) foreground() error       { return nil }
+// foreground: no cgroup, no weight; a prepared process waits idle. Where
+// the call's process limit counts the server's uid, it is set now, as the
+// call is claimed: the share above what the uid runs now.
+func (pc *procContainer) foreground() error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.claimed || pc.cfg == nil || pc.cfg.Process == nil || pc.cfg.Process.PidsShare == 0 || pc.cmd == nil {
+		return nil
+	}
+	pc.claimed = true
+	return claimProcessLimit(pc.cmd.Process.Pid, os.Geteuid(), pc.cfg.Process.PidsShare)
+}
 func (pc *procContainer) deadline(time.Time)      {}
 func (pc *procContainer) waitsForExit() bool      { return false }
 func (pc *procContainer) explain(err error) error { return err }
@@ -501,7 +514,7 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 	sharedUID := r.uids == nil && !r.iso.Namespaces
 	var pidsShare int64
 	if res != nil && res.Pids != nil && res.Pids.Limit != nil {
-		limit, share := processLimit(*res.Pids.Limit, sharedUID, uid)
+		limit, share := processLimit(*res.Pids.Limit, sharedUID)
 		lim("RLIMIT_NPROC", limit)
 		if sharedUID {
 			pidsShare = share

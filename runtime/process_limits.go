@@ -3,6 +3,7 @@ package runtime
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,9 +21,11 @@ import (
 // threads and every other call's processes included (red team F9: one
 // call forking up to the uid's limit made every other call fail, and the
 // readiness with them). So a call's limit is the uid's count at its start
-// plus its share: it can take no more than its share from the server and
-// the other calls, and the server, whose own soft limit is raised to its
-// hard one, can still start calls beside it.
+// plus its share, set as the call is claimed (a sandbox prepared ahead
+// waits in the pool while the uid's count moves): it can take no more
+// than its share from the server and the other calls, and the server,
+// whose own soft limit is raised to its hard one, can still start calls
+// beside it.
 //
 // The container the server runs in may bound all of it with a pids
 // cgroup (docker run --pids-limit): a call's share is then also no more
@@ -52,11 +55,12 @@ func raiseOwnProcessLimit() {
 
 // processLimit is the RLIMIT_NPROC of a call whose share is pids, as the
 // call is prepared, and the share it gives the call: no more than the
-// outer pids cgroup's room less the server's reserve; the limit is the
-// share above what the uid already runs when that uid is the server's
-// (sharedUID), and then no more than the uid's own limit, less the
-// reserve, allows.
-func processLimit(pids int64, sharedUID bool, uid int) (limit, share int64) {
+// outer pids cgroup's room less the server's reserve. When the uid is the
+// server's (sharedUID) the limit as prepared is only a ceiling, the uid's
+// hard limit: what the uid runs moves until the call is claimed, perhaps
+// much later (the pool), and the call's own limit is set then
+// (claimProcessLimit). No code runs before.
+func processLimit(pids int64, sharedUID bool) (limit, share int64) {
 	share = pids
 	if room, ok := outerPidsRoom(); ok {
 		share = max(minShare, min(share, room-serverReserve))
@@ -64,18 +68,64 @@ func processLimit(pids int64, sharedUID bool, uid int) (limit, share int64) {
 	if !sharedUID {
 		return share, share
 	}
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NPROC, &rl) == nil && rl.Max != unix.RLIM_INFINITY {
+		return int64(rl.Max), share
+	}
+	return 1 << 30, share
+}
+
+// sharedLimit is the RLIMIT_NPROC of a call, claimed, whose uid is the
+// server's: its share above what the uid runs besides the own tasks the
+// call already has (its init and interpreter), and no more than the
+// uid's own limit, less the reserve, allows. The uid's hard limit bounds
+// the server and every call together: a call stops short of it by the
+// reserve, so that the server can still start the next call, and is never
+// given more than the server may set.
+func sharedLimit(uid int, share, own int64) int64 {
 	count := uidTasks(uid)
-	limit = count + share
-	// The uid's own limit bounds the server and every call together: a
-	// call stops short of it by the reserve, so that the server can still
-	// start the next call, and is never given more than the server may
-	// set (its hard limit: an unprivileged init could not raise to it).
+	limit := count - own + share
 	var rl unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NPROC, &rl) == nil && rl.Max != unix.RLIM_INFINITY {
 		hard := int64(rl.Max)
-		limit = min(max(min(limit, hard-serverReserve), count+minShare), hard)
+		limit = min(max(min(limit, hard-serverReserve), count-own+minShare), hard)
 	}
-	return limit, max(limit-count, 1)
+	return limit
+}
+
+// claimProcessLimit lowers the RLIMIT_NPROC of the call's init and every
+// process below it (its interpreter, waiting for the code) to the call's
+// own (sharedLimit), as the call is claimed (descendants: freeze.go).
+func claimProcessLimit(init, uid int, share int64) error {
+	pids := append([]int{init}, descendants(init)...)
+	var own int64
+	for _, pid := range pids {
+		own += taskCount(pid)
+	}
+	limit := sharedLimit(uid, share, own)
+	rl := unix.Rlimit{Cur: uint64(limit), Max: uint64(limit)}
+	for _, pid := range pids {
+		if err := unix.Prlimit(pid, unix.RLIMIT_NPROC, &rl, nil); err != nil {
+			return fmt.Errorf("setting the process limit of the call's process %d to %d: %w", pid, limit, err)
+		}
+	}
+	return nil
+}
+
+// taskCount is how many tasks (threads) pid has; 1 when unknown.
+func taskCount(pid int) int64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 1
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				return n
+			}
+		}
+	}
+	return 1
 }
 
 // uidTasks counts the tasks (threads) of uid's processes, as RLIMIT_NPROC

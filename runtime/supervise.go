@@ -57,7 +57,7 @@ func socketsOver(used, limit int64) bool { return limit > 0 && used > limit+limi
 // interruptGrace later: code that stops keeps its session.
 func supervise(ctx context.Context, c container, exited <-chan struct{}, s *initConn, req Request) (res Result, idle bool, err error) {
 	if err := c.foreground(); err != nil {
-		return res, false, fmt.Errorf("%w: giving the sandbox a call's CPU weight: %w", ErrSandbox, err)
+		return res, false, fmt.Errorf("%w: readying the sandbox for the call (its CPU weight, its process limit): %w", ErrSandbox, err)
 	}
 	s.watch(req.Live)
 	defer s.watch(nil)

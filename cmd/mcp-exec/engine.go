@@ -279,7 +279,7 @@ func processNote(configured runtime.Kind, why string, iso runtime.ProcessIsolati
 func processLimitsNote(iso runtime.ProcessIsolation, limits policy.Limits, stackBytes int64) string {
 	var n string
 	if !iso.Namespaces && !iso.UIDPerCall {
-		n = fmt.Sprintf("The process limit counts the server's own uid, which every call shares: a call may start %d processes/threads beyond what that uid ran when the call was prepared, fewer where that would take the uid near its own limit. ", limits.Pids)
+		n = fmt.Sprintf("The process limit counts the server's own uid, which every call shares: a call may start %d processes/threads beyond what that uid ran when the call began, fewer where that would take the uid near its own limit. ", limits.Pids)
 	}
 	if iso.ContainerPids > 0 {
 		n += fmt.Sprintf("The container's own process limit (%d) bounds the server and all calls together: a call gets no more than it leaves free. ", iso.ContainerPids)

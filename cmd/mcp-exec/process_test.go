@@ -847,12 +847,22 @@ print("armed")`
 // server's calls share its uid, and so the kernel's per-user count (red
 // team F9: a bomb at the uid's limit made every other call "a problem of
 // the server"); each call's limit is then the uid's count at its start
-// plus its share.
+// plus its share, set as the call is claimed: sandboxes prepared ahead
+// (pooled) wait while the count moves, and their limits with it.
 func TestProcessForkBombTakesItsShareOnly(t *testing.T) {
 	const pids = 64
+	type run struct {
+		processMode
+		pool string
+	}
+	runs := []run{{processMode{"uid65532-nonamespaces-pooled", false, false}, "4"}}
 	for _, m := range processModes {
+		runs = append(runs, run{m, "0"})
+	}
+	for _, r := range runs {
+		m := r.processMode
 		t.Run(m.name, func(t *testing.T) {
-			s := startProcessServer(t, m, fmt.Sprintf("MCP_EXEC_PIDS=%d", pids))
+			s := startProcessServer(t, m, fmt.Sprintf("MCP_EXEC_PIDS=%d", pids), "MCP_EXEC_POOL_SIZE="+r.pool)
 			bomb := make(chan execOutput, 1)
 			go func() {
 				out, _, err := s.tryCall(map[string]any{"code": `import os, time

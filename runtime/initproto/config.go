@@ -90,10 +90,10 @@ type Process struct {
 	ProcSelf bool
 	// PidsShare, when not 0, is the call's share of processes where its
 	// process limit (RLIMIT_NPROC) counts a uid it shares with the server
-	// and other calls (the runtime set the limit at the uid's count as the
-	// call was prepared, plus the share): the init says the limit was
-	// reached when the call's own tasks reach the share, not when the
-	// uid's count, which others move, reaches the limit.
+	// and other calls (the runtime lowers the limit to the uid's count as
+	// the call is claimed, plus the share): the init says the limit was
+	// reached when the call's own tasks reach the share, or the uid's
+	// count, which others move too, the limit.
 	PidsShare int64
 }
 

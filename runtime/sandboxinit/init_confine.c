@@ -773,12 +773,14 @@ int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap) {
 // it: whether the code's process limit was reached, and what the call's
 // processes used.
 
-// nproc_limit is the code's RLIMIT_NPROC, as the configuration sets it on
-// the init (and so on the code); 0 when it sets none.
+// nproc_limit is the code's RLIMIT_NPROC, as the configuration set it on
+// the init (and so on the code), or as the runtime lowered it since, as
+// the call was claimed; 0 when the configuration sets none.
 static uint64_t nproc_limit(const struct config *c) {
+	struct rlimit rl;
 	for (int i = 0; i < c->nrlimits; i++)
 		if (c->rlimits[i].resource == RLIMIT_NPROC)
-			return c->rlimits[i].soft;
+			return getrlimit(RLIMIT_NPROC, &rl) == 0 ? rl.rlim_cur : c->rlimits[i].soft;
 	return 0;
 }
 
@@ -816,15 +818,18 @@ static void add_threads(pid_t pid, void *arg) {
 // each user namespace: in the call's own, its tasks (the init's with
 // them); under root, a uid of the call's own. Without either the uid is
 // the server's, and the count every task of it, other calls' included
-// (the runtime set the limit at their count as the call was prepared, and
+// (the runtime set the limit at their count as the call was claimed, and
 // the call's share above it): the call's own tasks, this init's among
 // them, reaching its share say it then, as the others' coming and going
-// moves the uid's count under it.
+// moves the uid's count under it; and so does the uid's count reaching
+// the limit, which it may sooner where the uid's own limit left the call
+// less than its share.
 int nproc_at_limit(const struct config *c) {
 	if (c->pids_share > 0) {
 		uint64_t own = 1;
 		walk_tree(getpid(), add_threads, &own);
-		return own >= c->pids_share;
+		if (own >= c->pids_share)
+			return 1;
 	}
 	uint64_t lim = nproc_limit(c);
 	if (lim == 0)
