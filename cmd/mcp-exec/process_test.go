@@ -955,6 +955,68 @@ time.sleep(6)`, "timeout_s": 60})
 	}
 }
 
+// In a container with a process limit of its own (docker run
+// --pids-limit, a pids cgroup around the server and every call), a call's
+// share is no more than that cgroup leaves less the server's reserve,
+// whatever MCP_EXEC_PIDS says: a fork bomb at its share leaves the server
+// room to start the next call. The description states that limit.
+func TestProcessForkBombLeavesTheContainersPidsRoom(t *testing.T) {
+	testenv.Root(t)
+	const max = 120
+	dir := filepath.Join("/sys/fs/cgroup/pids", fmt.Sprintf("mcp-exec-test-outer-%d", time.Now().UnixNano()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		testenv.Missing(t, "no cgroup v1 pids hierarchy to make a container's pids cgroup in: %v", err)
+	}
+	t.Cleanup(func() {
+		testenv.EventuallyWithin(t, 30*time.Second, "the outer pids cgroup to empty", func() bool { return os.Remove(dir) == nil })
+	})
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
+		t.Fatal(err)
+	}
+	m := processMode{"uid65532-nonamespaces", false, false}
+	s := startProcessServerUnder(t, m, nil, []string{"sh", "-c", `echo $$ > "$0"/cgroup.procs && exec "$@"`, dir}, "MCP_EXEC_PIDS=4096")
+	tools, err := s.cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := tools.Tools[0].Description; !strings.Contains(d, fmt.Sprintf("The container's own process limit (%d) bounds the server and all calls together", max)) {
+		t.Errorf("the description does not state the container's process limit: %s", d)
+	}
+	bomb := make(chan execOutput, 1)
+	go func() {
+		out, _, err := s.tryCall(map[string]any{"code": `import os, time
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(40)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print("forked", n, "then errno", e.errno, flush=True)
+open("capped", "w").close()
+time.sleep(6)`, "timeout_s": 60})
+		if err != nil {
+			t.Error(err)
+		}
+		bomb <- out
+	}()
+	testenv.EventuallyWithin(t, 30*time.Second, "the fork bomb to reach its limit", func() bool { return s.callDir("capped") != "" })
+	for i := range 3 {
+		out, res, err := s.tryCall(map[string]any{"code": `print("other call")`})
+		if res != nil && res.IsError {
+			t.Errorf("a call beside the fork bomb (%d) failed: %s\n%s", i, text(res), s.stderr.String())
+		} else if err != nil || out.Stdout != "other call\n" || out.ExitCode != 0 {
+			t.Errorf("a call beside the fork bomb (%d): %q %q exit %d: %v", i, out.Stdout, out.Stderr, out.ExitCode, err)
+		}
+	}
+	out := <-bomb
+	t.Logf("a container's pids.max %d: the bomb %q, pids_limited %v", max, out.Stdout, out.PidsLimited)
+	if !out.PidsLimited || !strings.Contains(out.Stdout, "errno 11") {
+		t.Errorf("the fork bomb: pids_limited %v, stdout %q, stderr %q; want the limit hit (EAGAIN) and said", out.PidsLimited, out.Stdout, out.Stderr)
+	}
+}
+
 // uidTasks counts the tasks of uid's processes, as RLIMIT_NPROC does.
 func uidTasks(t *testing.T, uid int) int {
 	entries, err := os.ReadDir("/proc")
