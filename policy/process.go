@@ -54,21 +54,27 @@ func DeniedInProcess() []Denied {
 	}
 }
 
-// ProcessSocketFamilies are the only socket families a process-runtime
-// call may open: unix sockets (pipes between its own processes, and the
-// abstract ones Landlock scopes to the call) and netlink (reading its
-// interfaces). IP sockets would be on the machine's own network, its
-// loopback shared with the server and every other call.
-func ProcessSocketFamilies() []int {
-	return []int{unix.AF_UNIX, unix.AF_NETLINK}
-}
-
 // ProcessSeccomp returns the process runtime's filter: the sandbox's
-// (Seccomp), with the DeniedInProcess groups refused and socket allowed
-// only for ProcessSocketFamilies.
-func ProcessSeccomp() *specs.LinuxSeccomp {
+// (Seccomp), with the DeniedInProcess groups refused, and socket allowed
+// only for unix sockets (pipes between the call's own processes, and the
+// abstract ones Landlock scopes to the call) and netlink's NETLINK_ROUTE
+// (reading its interfaces). IP sockets would be on the machine's own
+// network, its loopback shared with the server and every other call, where
+// the call has no network namespace of its own; netlink's sock_diag would
+// list the machine's sockets, unix ones by path.
+//
+// unixSockets says whether the call may make unix sockets: only where it
+// has a root of its own, which holds no pathname socket of the machine's.
+// Without one, Landlock does not mediate connect(2) to a pathname socket
+// (a desktop user's D-Bus session bus, ssh-agent, a docker socket reached
+// through the user's groups), so socket(AF_UNIX) is refused, and
+// socketpair(2) is allowed for stream and seqpacket pairs only (what
+// multiprocessing's pipes and asyncio use): a datagram pair could be
+// connected, or sent from, to any datagram socket's path (the journal,
+// /dev/log), which a connected stream pair cannot.
+func ProcessSeccomp(unixSockets bool) *specs.LinuxSeccomp {
 	s := Seccomp()
-	refused := map[string]bool{"socket": true}
+	refused := map[string]bool{"socket": true, "socketpair": !unixSockets}
 	for _, d := range DeniedInProcess() {
 		for _, n := range d.Names {
 			refused[n] = true
@@ -84,13 +90,29 @@ func ProcessSeccomp() *specs.LinuxSeccomp {
 		}
 		rules = append(rules, r)
 	}
-	for _, family := range ProcessSocketFamilies() {
+	if unixSockets {
 		rules = append(rules, specs.LinuxSyscall{
 			Names:  []string{"socket"},
 			Action: specs.ActAllow,
-			Args:   []specs.LinuxSeccompArg{{Index: 0, Value: uint64(family), Op: specs.OpEqualTo}},
+			Args:   []specs.LinuxSeccompArg{{Index: 0, Value: unix.AF_UNIX, Op: specs.OpEqualTo}},
 		})
+	} else {
+		// The type's low bits (below SOCK_NONBLOCK and SOCK_CLOEXEC).
+		for _, typ := range []uint64{unix.SOCK_STREAM, unix.SOCK_SEQPACKET} {
+			rules = append(rules, specs.LinuxSyscall{
+				Names:  []string{"socketpair"},
+				Action: specs.ActAllow,
+				Args: []specs.LinuxSeccompArg{{Index: 0, Value: unix.AF_UNIX, Op: specs.OpEqualTo},
+					{Index: 1, Value: 0xf, ValueTwo: typ, Op: specs.OpMaskedEqual}},
+			})
+		}
 	}
+	rules = append(rules, specs.LinuxSyscall{
+		Names:  []string{"socket"},
+		Action: specs.ActAllow,
+		Args: []specs.LinuxSeccompArg{{Index: 0, Value: unix.AF_NETLINK, Op: specs.OpEqualTo},
+			{Index: 2, Value: unix.NETLINK_ROUTE, Op: specs.OpEqualTo}},
+	})
 	for _, d := range DeniedInProcess() {
 		eperm := uint(unix.EPERM)
 		rules = append(rules, specs.LinuxSyscall{Names: slices.Clone(d.Names), Action: specs.ActErrno, ErrnoRet: &eperm})
@@ -106,7 +128,7 @@ func ProcessSeccomp() *specs.LinuxSeccomp {
 // the code's Landlock domain may connect to the relay's port and no other,
 // bind none), so they reach the relay and nothing of the machine's.
 func ProcessSeccompNetwork() *specs.LinuxSeccomp {
-	s := ProcessSeccomp()
+	s := ProcessSeccomp(true) // the network needs the call's own namespaces
 	s.Syscalls = append(s.Syscalls, specs.LinuxSyscall{
 		Names:  []string{"socket"},
 		Action: specs.ActAllow,

@@ -2,6 +2,9 @@ package runtime
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -130,13 +133,20 @@ func WithForksAsUID(uid uint32, f func()) {
 
 // SessionCPU is the CPU time a session's sandbox has used so far, as the
 // host's kernel accounts it: its cgroups' count, or, in the process
-// runtime (no cgroup), the sum over the live processes below its init.
+// runtime (no cgroup), the sum over the live threads below its init, a
+// zombie leader's included.
 func SessionCPU(s *Session) time.Duration {
 	if pc, ok := s.sb.c.(*procContainer); ok {
 		var ticks int64
 		for _, pid := range descendants(pc.cmd.Process.Pid) {
-			t, _ := cpuTicks(pid)
-			ticks += t
+			threads, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+			for _, stat := range threads {
+				if f := statFields(stat); len(f) > 12 {
+					u, _ := strconv.ParseInt(f[11], 10, 64)
+					k, _ := strconv.ParseInt(f[12], 10, 64)
+					ticks += u + k
+				}
+			}
 		}
 		return time.Duration(ticks) * 10 * time.Millisecond
 	}

@@ -28,8 +28,9 @@ import (
 //   - process: no cgroup. The code's processes are stopped with SIGSTOP
 //     (stopTree); since a stopped process can be woken by a SIGCONT it
 //     arranged for itself beforehand (a POSIX timer, F_SETSIG, a sibling's
-//     kill), they are watched while stopped (stopWatch), and the sandbox is
-//     killed should one of them run again.
+//     kill), they are watched while stopped, thread by thread (stopWatch:
+//     a process whose leader exited runs on in its other threads), and the
+//     sandbox is killed should one of them run again.
 
 // freezeTimeout bounds a freeze: the cgroup's tasks stopping, or the
 // process runtime's stopping one by one.
@@ -81,9 +82,9 @@ func freezeCgroups(paths map[string]string, frozen bool) error {
 const stopWatchEvery = 100 * time.Millisecond
 
 // stopTree stops every process below root (root itself, the init, runs on:
-// it is the runtime's, and it must see its host go) and returns them
-// with the CPU time each had, once every thread of each is stopped.
-func stopTree(root int) (map[int]int64, error) {
+// it is the runtime's, and it must see its host go) and returns, once
+// every thread of each is stopped, how each thread stands (tasks).
+func stopTree(root int) (map[int]string, error) {
 	deadline := time.Now().Add(freezeTimeout)
 	for {
 		procs := descendants(root)
@@ -95,15 +96,12 @@ func stopTree(root int) (map[int]int64, error) {
 			}
 		}
 		if running == 0 {
-			stopped := make(map[int]int64, len(procs))
-			for _, pid := range procs {
-				if t, ok := cpuTicks(pid); ok {
-					stopped[pid] = t
-				}
+			// What a sibling woke between the reads of its state and of
+			// its marks is seen as running here, or by the watch.
+			if marks, stopped := tasks(root); stopped {
+				return marks, nil
 			}
-			// What ran between the reads of its state and its CPU time,
-			// woken by a sibling, shows as soon as it is watched.
-			return stopped, nil
+			continue
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("%d processes of the sandbox still ran after %v of SIGSTOP", running, freezeTimeout)
@@ -119,16 +117,70 @@ func contTree(root int) {
 	}
 }
 
-// stopWatch watches the processes stopTree stopped until stop is called:
-// should one of them have used CPU since (it was woken, by something it
-// set up before the stop), it calls ran, once.
+// tasks marks every thread of every process below root, by its thread id
+// (/proc/PID/task/TID, a zombie leader's live threads included): its
+// state, and what the scheduler counts of it (run time, timeslices) or,
+// where the kernel keeps no schedstat, its CPU ticks and context switches.
+// A thread that runs at all changes its mark. stopped says whether every
+// one of them is stopped or dead.
+func tasks(root int) (marks map[int]string, stopped bool) {
+	marks = map[int]string{}
+	stopped = true
+	for _, pid := range descendants(root) {
+		dir := fmt.Sprintf("/proc/%d/task", pid)
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue // gone: the next walk does not list it
+		}
+		for _, e := range entries {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			f := statFields(filepath.Join(dir, e.Name(), "stat"))
+			if len(f) < 13 {
+				continue // it exited meanwhile
+			}
+			switch f[0] {
+			case "T", "t", "Z", "X":
+			default:
+				stopped = false
+			}
+			sched, err := os.ReadFile(filepath.Join(dir, e.Name(), "schedstat"))
+			if err != nil {
+				sched, _ = os.ReadFile(filepath.Join(dir, e.Name(), "status"))
+				sched = append([]byte(f[11]+" "+f[12]+" "), switches(sched)...)
+			}
+			marks[tid] = f[0] + " " + strings.TrimSpace(string(sched))
+		}
+	}
+	return marks, stopped
+}
+
+// switches is the context switch counts of a status file.
+func switches(status []byte) string {
+	var out []string
+	for _, l := range strings.Split(string(status), "\n") {
+		if strings.Contains(l, "ctxt_switches") {
+			out = append(out, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// stopWatch watches the threads stopTree stopped until stop is called:
+// should one of them have run since (it was woken, by something it set up
+// before the stop: a POSIX timer's SIGCONT, F_SETSIG, a sibling's kill),
+// or a thread or process appear or go, it calls ran, once, saying which.
+// Every look walks the tree anew: a process forked in a moment of running
+// is there too.
 type stopWatch struct {
 	quit chan struct{}
 	done chan struct{}
 	once sync.Once
 }
 
-func watchStopped(stopped map[int]int64, ran func(pid int)) *stopWatch {
+func watchStopped(root int, stopped map[int]string, ran func(what string)) *stopWatch {
 	w := &stopWatch{quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
@@ -140,17 +192,34 @@ func watchStopped(stopped map[int]int64, ran func(pid int)) *stopWatch {
 				return
 			case <-tick.C:
 			}
-			for pid, was := range stopped {
-				// Gone (it ran to its exit, or was killed) or ran: either
-				// way it did not stay where it was stopped.
-				if now, ok := cpuTicks(pid); !ok || now != was {
-					ran(pid)
-					return
-				}
+			if what := changed(stopped, root); what != "" {
+				ran(what)
+				return
 			}
 		}
 	}()
 	return w
+}
+
+// changed says how the threads below root differ from was: "" when none
+// has run, appeared or gone.
+func changed(was map[int]string, root int) string {
+	now, _ := tasks(root)
+	for tid, mark := range now {
+		old, ok := was[tid]
+		if !ok {
+			return "a new process or thread appeared"
+		}
+		if mark != old {
+			return "a thread was woken and ran"
+		}
+	}
+	for tid := range was {
+		if _, ok := now[tid]; !ok {
+			return "a thread ended"
+		}
+	}
+	return ""
 }
 
 // stop ends the watch, and returns once it has ended; nil is a no-op.
@@ -281,22 +350,6 @@ func threadsStopped(pid int) bool {
 	return true
 }
 
-// cpuTicks is the CPU time of every thread of pid, in clock ticks, as the
-// kernel accounts it (utime + stime of the thread group).
-func cpuTicks(pid int) (int64, bool) {
-	f := statFields(fmt.Sprintf("/proc/%d/stat", pid))
-	// state is field 3 of stat(5), utime 14 and stime 15: here 0, 11, 12.
-	if len(f) < 13 || f[0] == "Z" || f[0] == "X" {
-		return 0, false
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	s, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return u + s, true
-}
-
 // The process runtime's: the code's processes stopped, the init not.
 
 func (pc *procContainer) freeze() error {
@@ -311,7 +364,12 @@ func (pc *procContainer) freeze() error {
 		contTree(cmd.Process.Pid)
 		return err
 	}
-	w := watchStopped(stopped, func(int) { pc.kill() })
+	w := watchStopped(cmd.Process.Pid, stopped, func(what string) {
+		pc.mu.Lock()
+		pc.ranFrozen = what
+		pc.mu.Unlock()
+		pc.kill()
+	})
 	pc.mu.Lock()
 	pc.watch = w
 	pc.mu.Unlock()
@@ -326,6 +384,17 @@ func (pc *procContainer) thaw() error {
 	w.stop()
 	contTree(cmd.Process.Pid)
 	return nil
+}
+
+// endDetail says why the sandbox ended when the watch ended it: a thread
+// of it ran while it was frozen.
+func (pc *procContainer) endDetail() string {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.ranFrozen == "" {
+		return ""
+	}
+	return "killed by the server: a process of the session ran while the session was frozen between calls (" + pc.ranFrozen + ")"
 }
 
 // unwatch ends the watch of a stopped session's processes: it is being

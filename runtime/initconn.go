@@ -37,6 +37,15 @@ type event struct {
 	flags    uint32        // exit: exitFlags
 	msg      string
 	out      *callOutput // idle: the session's call's output
+	usage    *usage      // exit, in the process runtime: what the call's processes used
+}
+
+// usage is what the process runtime's init measured of a call's
+// processes (IUsage): their CPU time, and the peak resident set of the
+// largest of them.
+type usage struct {
+	cpu  time.Duration
+	peak int64
 }
 
 // callOutput is what the init sent of one call besides its verdict.
@@ -100,6 +109,7 @@ func (s *initConn) read(from *os.File) {
 	defer s.relay.shutdown()
 	r := bufio.NewReaderSize(from, 64<<10)
 	var head [5]byte
+	var used *usage // the call's IUsage, for its IExit
 	for {
 		if _, err := io.ReadFull(r, head[:]); err != nil {
 			return
@@ -147,7 +157,12 @@ func (s *initConn) read(from *os.File) {
 			}
 			s.events <- event{kind: initproto.IExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
 				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:])),
-				ran: time.Duration(binary.BigEndian.Uint64(payload[20:])), flags: binary.BigEndian.Uint32(payload[28:])}
+				ran: time.Duration(binary.BigEndian.Uint64(payload[20:])), flags: binary.BigEndian.Uint32(payload[28:]), usage: used}
+			used = nil
+		case initproto.IUsage:
+			if n == 16 {
+				used = &usage{cpu: time.Duration(binary.BigEndian.Uint64(payload)), peak: int64(binary.BigEndian.Uint64(payload[8:]))}
+			}
 		case initproto.INote:
 			s.mu.Lock()
 			if len(s.out.notes) < 16 {

@@ -35,9 +35,11 @@ import (
 //     podman's masked /proc do not), the call is in new user, pid, mount,
 //     network, IPC and UTS namespaces, bubblewrap's recipe: the init is their pid 1
 //     and sees to it that its /proc shows only the call's processes, /sys
-//     and the network only lo, the host's files are read-only and its /tmp
-//     is a tmpfs of the /tmp size (process_namespaces.go); under a server
-//     that is not root, its user namespace maps its uid to itself alone;
+//     and the network only lo, its root is its own, holding only the
+//     system's files the interpreter needs, read-only (no socket, home or
+//     /tmp of the host's), and its /tmp is a tmpfs of the /tmp size
+//     (process_namespaces.go); under a server that is not root, its user
+//     namespace maps its uid to itself alone;
 //   - the code runs in a Landlock domain of its own: it reads the
 //     interpreter, its libraries and the system's files, writes only its
 //     own dir (its /tmp), executes only the interpreter, makes no TCP
@@ -45,6 +47,8 @@ import (
 //     process outside the domain — not the server, not another call;
 //   - it runs under the product's seccomp filter, with IP sockets, SysV IPC
 //     and message queues refused too: their namespaces are the machine's;
+//     without a root of its own, unix sockets too: Landlock does not
+//     mediate connect(2) to a pathname socket;
 //   - the init is its subreaper, and the server theirs: every orphan of
 //     the call is killed when it ends, even one whose init died;
 //   - its dir is bounded in total (the /tmp size), by the tmpfs or,
@@ -99,6 +103,11 @@ type ProcessIsolation struct {
 	Subreaper bool `json:"subreaper"`
 	// UIDPerCall: each concurrent call has a host uid of its own (root).
 	UIDPerCall bool `json:"uid_per_call"`
+	// ContainerPids is the process limit of the cgroup the server runs in
+	// (a container's --pids-limit), which bounds the server and all calls
+	// together; 0 when there is none. A call takes no more than it leaves,
+	// less a reserve for the server.
+	ContainerPids int64 `json:"container_pids,omitempty"`
 	// Missing says what of the process runtime's isolation this host
 	// lacks, each with what it costs and how to get it.
 	Missing []host.Missing `json:"missing,omitempty"`
@@ -114,12 +123,13 @@ func (i ProcessIsolation) Summary() string {
 			kinds = "user, " + kinds
 		}
 		parts = append(parts, kinds+" namespaces of its own (it sees only its own processes, "+
-			"no network interface but lo, and the machine's files read-only; its /tmp is a tmpfs of the /tmp size, removed after it)")
+			"no network interface but lo, and a root of its own holding only the interpreter and the system's files, read-only: "+
+			"no socket, home or /tmp of the machine's; its /tmp is a tmpfs of the /tmp size, removed after it)")
 	}
 	if i.Landlock > 0 {
 		s := "a Landlock domain of its own (it reads the interpreter and system files, writes only its own working directory, its /tmp, and runs only the interpreter"
 		if !i.Namespaces {
-			s += "; of /proc it sees only its own main process and the machine-wide files"
+			s += "; of /proc it sees only its own main process, not its network, and the machine-wide files"
 		}
 		if i.Landlock >= 6 {
 			s += "; it can signal or trace no process outside itself"
@@ -127,7 +137,11 @@ func (i ProcessIsolation) Summary() string {
 		parts = append(parts, s+")")
 	}
 	if i.Seccomp {
-		parts = append(parts, "the seccomp filter of the container runtimes, plus no IP sockets or System V IPC")
+		s := "the seccomp filter of the container runtimes, plus no IP sockets or System V IPC"
+		if !i.Namespaces {
+			s = "the seccomp filter of the container runtimes, plus no IP or unix sockets (socket pairs work) or System V IPC"
+		}
+		parts = append(parts, s)
 	}
 	if i.UIDPerCall {
 		parts = append(parts, "a uid of its own")
@@ -141,7 +155,7 @@ func (i ProcessIsolation) Summary() string {
 	}
 	rest := "no container of its own (no namespaces or cgroups): the container the server runs in is the boundary for the rest"
 	if i.Namespaces {
-		rest = "no container of its own (no cgroups or rootfs of its own): the container the server runs in bounds the memory and processes of all calls together"
+		rest = "no container of its own (no cgroups of its own): the container the server runs in bounds the memory and processes of all calls together"
 	}
 	return "each call is a fresh process with " + strings.Join(parts, "; ") + "; " + rest
 }
@@ -177,9 +191,6 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 		return nil, err
 	}
 	r.dir = dir
-	if err := r.probe(); err != nil {
-		return nil, err
-	}
 	for _, p := range policy.ProcessReadable() {
 		if strings.HasSuffix(p, "*") {
 			matches, _ := filepath.Glob(p)
@@ -188,8 +199,14 @@ func NewProcess(cfg Config) (_ *ProcessRuntime, retErr error) {
 			r.read = append(r.read, p)
 		}
 	}
+	if err := r.probe(); err != nil {
+		return nil, err
+	}
 	if r.iso.Subreaper {
 		r.reaper = startSubreaper(r.uids)
+	}
+	if r.uids == nil {
+		raiseOwnProcessLimit()
 	}
 	for _, m := range r.iso.Missing {
 		cfg.Logger.Warn("the process runtime cannot apply this here", "missing", m.What, "why", m.Why, "fix", m.Fix)
@@ -216,13 +233,7 @@ func (r *ProcessRuntime) probe() error {
 		return fmt.Errorf("%w: probing what the process runtime can apply: %w", ErrSandbox, err)
 	}
 	r.iso = readProbe(out, h.EUID, r.uids != nil)
-	if r.iso.Seccomp {
-		if r.seccomp, err = compileSeccomp(policy.ProcessSeccomp()); err != nil {
-			r.iso.Seccomp = false
-			r.iso.Missing = append(r.iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
-		}
-		r.seccompNet, _ = compileNetworkSeccomp() // NetworkUsable refuses without it
-	}
+	r.iso.ContainerPids = OuterPidsMax()
 	var refused error
 	if r.cfg.ProcessNamespaces != NamespacesOff {
 		refused = r.probeNamespaces()
@@ -233,6 +244,17 @@ func (r *ProcessRuntime) probe() error {
 	r.iso.Namespaces = r.cfg.ProcessNamespaces != NamespacesOff && refused == nil
 	if !r.iso.Namespaces {
 		r.iso.Missing = append(r.iso.Missing, namespacesMissing(refused, r.uids != nil))
+	}
+	// Unix sockets only in a root of the call's own: without one they
+	// reach every pathname socket the server's user may connect to.
+	if r.iso.Seccomp {
+		if r.seccomp, err = compileSeccomp(policy.ProcessSeccomp(r.iso.Namespaces)); err != nil {
+			r.iso.Seccomp = false
+			r.iso.Missing = append(r.iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows", Fix: err.Error()})
+		}
+		if r.iso.Namespaces {
+			r.seccompNet, _ = compileNetworkSeccomp() // NetworkUsable refuses without it
+		}
 	}
 	return nil
 }
@@ -270,7 +292,8 @@ func readProbe(out []byte, euid int, uidPerCall bool) ProcessIsolation {
 		}
 	}
 	if err := errno("seccomp"); err != nil {
-		iso.Missing = append(iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows, IP sockets and System V IPC among them",
+		iso.Missing = append(iso.Missing, host.Missing{What: "seccomp", Why: "the code may make every syscall the outer container allows, IP sockets and System V IPC among them, " +
+			"and without namespaces unix sockets to every path the server's user may connect to (his session bus, ssh-agent, a docker socket of his groups)",
 			Fix: fmt.Sprintf("installing a filter failed (%v): allow seccomp(2) in the container's profile", err)})
 	} else {
 		iso.Seccomp = true
@@ -347,6 +370,11 @@ type procContainer struct {
 	cmd *exec.Cmd
 	// watch: the session is frozen (freeze.go).
 	watch *stopWatch
+	// ranFrozen says what of the frozen session ran, which ended it.
+	ranFrozen string
+	// claimed: the call's own process limit is set (a uid shared with
+	// the server's: claimProcessLimit).
+	claimed bool
 }
 
 // create makes the code's working dir (its /tmp) and the dir of its script
@@ -440,14 +468,26 @@ func (pc *procContainer) kill() {
 	}
 }
 
-// verdict: without a cgroup there is no OOM counter or accounting; the
-// init's rlimits turn memory exhaustion into MemoryError.
+// verdict: without a cgroup there is no OOM counter or accounting here;
+// the init measures the call's processes and says when the code reached
+// its process limit, or ended of a MemoryError (its memory limit is an
+// rlimit), with its verdict (supervise.go).
 func (pc *procContainer) verdict(*Result)               {}
 func (pc *procContainer) cpu() time.Duration            { return 0 }
 func (pc *procContainer) sockets() (int64, int64, bool) { return 0, 0, false }
 
-// foreground: no cgroup, no weight; a prepared process waits idle.
-func (pc *procContainer) foreground() error       { return nil }
+// foreground: no cgroup, no weight; a prepared process waits idle. Where
+// the call's process limit counts the server's uid, it is set now, as the
+// call is claimed: the share above what the uid runs now.
+func (pc *procContainer) foreground() error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.claimed || pc.cfg == nil || pc.cfg.Process == nil || pc.cfg.Process.PidsShare == 0 || pc.cmd == nil {
+		return nil
+	}
+	pc.claimed = true
+	return claimProcessLimit(pc.cmd.Process.Pid, os.Geteuid(), pc.cfg.Process.PidsShare)
+}
 func (pc *procContainer) deadline(time.Time)      {}
 func (pc *procContainer) waitsForExit() bool      { return false }
 func (pc *procContainer) explain(err error) error { return err }
@@ -471,8 +511,8 @@ func (pc *procContainer) destroy() error {
 // named relative to the work dir, so that no other process sees where the
 // call's dir is on its command line), the limits a cgroup would have
 // enforced as rlimits (memory as data, processes, file size; processes are
-// counted per uid by the kernel), the code's confinement, and, where the
-// host lets it, the call's namespaces. The code runs as uid and gid: an
+// counted per uid by the kernel: process_limits.go), the code's
+// confinement, and, where the host lets it, the call's namespaces. The code runs as uid and gid: an
 // unprivileged server's own, or, under root, the call's.
 func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gid int) (*initproto.Config, error) {
 	in := b.Init
@@ -488,8 +528,14 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 	if res != nil && res.Memory != nil && res.Memory.Limit != nil {
 		lim("RLIMIT_DATA", *res.Memory.Limit)
 	}
+	sharedUID := r.uids == nil && !r.iso.Namespaces
+	var pidsShare int64
 	if res != nil && res.Pids != nil && res.Pids.Limit != nil {
-		lim("RLIMIT_NPROC", *res.Pids.Limit*8+64)
+		limit, share := processLimit(*res.Pids.Limit, sharedUID)
+		lim("RLIMIT_NPROC", limit)
+		if sharedUID {
+			pidsShare = share
+		}
 	}
 	scratch := tmpfsSize(b.Spec)
 	if scratch > 0 {
@@ -505,25 +551,29 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 		Devices:      policy.ProcessDevices(),
 		Write:        []string{work},
 		ScratchBytes: scratch,
+		PidsShare:    pidsShare,
 	}
 	if r.iso.Landlock > 0 {
 		p.Landlock = r.iso.Landlock
-	}
-	if r.iso.Namespaces {
-		// The tmpfs is the bound; /proc is the call's own.
-		p.ScratchBytes = 0
-		if p.Namespaces, err = r.callNamespaces(b.Spec.Hostname, work, specMount(b.Spec, policy.WorkDir).Options, code,
-			specMount(b.Spec, bundle.CodeDir).Options, int(in.UID), int(in.GID), b.Spec.Linux.MaskedPaths, b.Spec.Linux.ReadonlyPaths); err != nil {
-			return nil, err
-		}
-	} else if p.Landlock > 0 {
-		p.ProcSelf = true
-		p.Read = slices.DeleteFunc(p.Read, func(path string) bool { return path == "/proc" })
 	}
 	for _, kv := range b.Spec.Process.Env {
 		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
 			p.Read = append(p.Read, filepath.SplitList(v)...)
 		}
+	}
+	if r.iso.Namespaces {
+		// The tmpfs is the bound; /proc is the call's own; the root holds
+		// what the domain may read or run, the interpreter as named
+		// included, and nothing else of the host's.
+		p.ScratchBytes = 0
+		root := rootPaths(slices.Concat(p.Read, p.Exec, p.Devices, in.Argv[:1]), work, code)
+		if p.Namespaces, err = r.callNamespaces(b.Spec.Hostname, work, specMount(b.Spec, policy.WorkDir).Options, code,
+			specMount(b.Spec, bundle.CodeDir).Options, int(in.UID), int(in.GID), b.Spec.Linux.MaskedPaths, b.Spec.Linux.ReadonlyPaths, root); err != nil {
+			return nil, err
+		}
+	} else if p.Landlock > 0 {
+		p.ProcSelf = true
+		p.Read = slices.DeleteFunc(p.Read, func(path string) bool { return path == "/proc" })
 	}
 	seccomp := r.seccomp
 	if b.Config.Network != nil {
@@ -570,6 +620,28 @@ func (r *ProcessRuntime) interpreterRules(python string) (exe, read []string, er
 	}
 	r.interp.Store(python, rules{exe, read})
 	return exe, read, nil
+}
+
+// rootPaths are the host paths bound into a call's own root: each of
+// paths but what the init mounts fresh (/proc, /sys, the call's own dirs
+// in skip), and none below another (a bind brings what is below it).
+func rootPaths(paths []string, skip ...string) []string {
+	var out []string
+	for _, p := range paths {
+		p = filepath.Clean(p)
+		if !filepath.IsAbs(p) || within(p, "/proc") || within(p, "/sys") || slices.ContainsFunc(skip, func(d string) bool { return within(p, d) }) {
+			continue
+		}
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	var kept []string
+	for _, p := range slices.Compact(out) {
+		if !slices.ContainsFunc(kept, func(d string) bool { return within(p, d) }) {
+			kept = append(kept, p)
+		}
+	}
+	return kept
 }
 
 // within reports whether p is dir or below it.

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,11 +56,13 @@ func TestProcessSummary(t *testing.T) {
 		want, not []string
 	}{
 		{"namespaces", ProcessIsolation{Namespaces: true, Landlock: 7, Seccomp: true, Subreaper: true},
-			[]string{"namespaces of its own", "sees only its own processes", "no network interface but lo", "tmpfs of the /tmp size", "no cgroups or rootfs of its own"},
-			[]string{"no namespaces", "without a name"}},
+			[]string{"namespaces of its own", "sees only its own processes", "no network interface but lo", "tmpfs of the /tmp size",
+				"a root of its own", "no socket", "no cgroups of its own"},
+			[]string{"no namespaces", "without a name", "unix sockets"}},
 		{"without", ProcessIsolation{Landlock: 7, Seccomp: true, Subreaper: true},
-			[]string{"of /proc it sees only its own main process", "those it holds without a name included", "no namespaces or cgroups"},
-			[]string{"namespaces of its own", "tmpfs"}},
+			[]string{"of /proc it sees only its own main process, not its network", "those it holds without a name included",
+				"no namespaces or cgroups", "no IP or unix sockets"},
+			[]string{"namespaces of its own", "tmpfs", "root of its own"}},
 	} {
 		got := tc.iso.Summary()
 		for _, w := range tc.want {
@@ -98,6 +101,18 @@ func TestNamespacesMissing(t *testing.T) {
 	}
 	if _, err := ParseNamespaces("yes"); err == nil {
 		t.Errorf("ParseNamespaces(yes) = nil error, want one")
+	}
+}
+
+// A call's own root holds each path the code may read or run once, none
+// below another (the bind brings it), and not what the init mounts
+// fresh: /proc, /sys, the call's own dirs.
+func TestRootPaths(t *testing.T) {
+	got := rootPaths([]string{"/usr", "/etc/ssl", "/proc", "/sys/devices/system/cpu", "/usr/bin/python3.11", "/etc/ssl/certs",
+		"/etc", "/lib64", "/lib64/ld-linux-x86-64.so.2", "/w/work", "/w/code", "/w/lib", "relative", "/usr/", "/etc-x"}, "/w/work", "/w/code")
+	want := []string{"/etc", "/etc-x", "/lib64", "/usr", "/w/lib"}
+	if !slices.Equal(got, want) {
+		t.Errorf("rootPaths = %v, want %v", got, want)
 	}
 }
 

@@ -103,10 +103,10 @@ func rootInitCaps() (uint64, error) {
 // (namespacesAttr) and has it make its namespaces a call's, on the
 // runtime's dir, as the init does: nil, or why this host refuses them.
 func (r *ProcessRuntime) probeNamespaces() error {
-	root := r.uids != nil
 	uid, gid := os.Geteuid(), os.Getegid()
 	opts := []string{"nosuid", "nodev", "noexec", "size=65536"}
-	ns, err := r.callNamespaces(policy.Hostname, r.dir, opts, r.dir, opts, uid, gid, policy.MaskedPaths(), policy.ReadonlyPaths())
+	paths := rootPaths(slices.Concat(r.read, policy.ProcessDevices()), r.dir)
+	ns, err := r.callNamespaces(policy.Hostname, r.dir, opts, r.dir, opts, uid, gid, policy.MaskedPaths(), policy.ReadonlyPaths(), paths)
 	if err != nil {
 		return err
 	}
@@ -122,7 +122,7 @@ func (r *ProcessRuntime) probeNamespaces() error {
 	cmd := exec.CommandContext(ctx, "/proc/self/exe", initproto.ProbeMarker, initproto.ProbeNamespacesArg)
 	cmd.Args[0] = "mcp-exec-probe"
 	cmd.Env, cmd.Dir = []string{}, r.dir
-	cmd.SysProcAttr = namespacesAttr(root)
+	cmd.SysProcAttr = namespacesAttr(r.uids != nil)
 	cmd.Stdin = bytes.NewReader(frame(initproto.HConfig, payload))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -138,13 +138,13 @@ func (r *ProcessRuntime) probeNamespaces() error {
 	return nil
 }
 
-// callNamespaces is what the init makes of a call's namespaces: a fresh
-// /proc (the container's masks and read-only paths in it) and /sys,
-// read-only; a tmpfs on the work dir with the options of the container's
-// /tmp, the call's own (uid and gid, mode 0700), and one on the script's
-// dir with those of its /code; the hostname; the capabilities the init
-// keeps.
-func (r *ProcessRuntime) callNamespaces(hostname, work string, workOpts []string, code string, codeOpts []string, uid, gid int, masked, readonly []string) (*initproto.Fresh, error) {
+// callNamespaces is what the init makes of a call's namespaces: a root
+// of its own holding root's host paths read-only; in it a fresh /proc
+// (the container's masks and read-only paths in it) and /sys, read-only;
+// a tmpfs on the work dir with the options of the container's /tmp, the
+// call's own (uid and gid, mode 0700), and one on the script's dir with
+// those of its /code; the hostname; the capabilities the init keeps.
+func (r *ProcessRuntime) callNamespaces(hostname, work string, workOpts []string, code string, codeOpts []string, uid, gid int, masked, readonly, root []string) (*initproto.Fresh, error) {
 	f := &initproto.Fresh{
 		Mounts: []initproto.Mount{
 			{Target: "/proc", Type: "proc", Source: "proc", Flags: unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
@@ -152,7 +152,7 @@ func (r *ProcessRuntime) callNamespaces(hostname, work string, workOpts []string
 			tmpfsMount(work, workOpts, fmt.Sprintf("mode=0700,uid=%d,gid=%d", uid, gid)),
 			tmpfsMount(code, codeOpts, ""),
 		},
-		Masked: slices.Clone(masked), Readonly: slices.Clone(readonly), Hostname: hostname,
+		Masked: slices.Clone(masked), Readonly: slices.Clone(readonly), Hostname: hostname, Root: root,
 	}
 	if r.uids != nil {
 		caps, err := rootInitCaps()

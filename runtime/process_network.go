@@ -78,6 +78,8 @@ func (r *ProcessRuntime) withNetwork(b *bundle.Bundle, in *bundle.Init, p *initp
 	site := siteDir(b)
 	p.Write = append(p.Write, site)
 	p.Read = append(p.Read, policy.ProcessNetworkReadable()...)
+	// In the call's own root, pip finds what it reads of the system too.
+	p.Namespaces.Root = rootPaths(append(p.Namespaces.Root, policy.ProcessNetworkReadable()...))
 	p.Namespaces.Mounts = append(p.Namespaces.Mounts,
 		tmpfsMount(site, []string{"nosuid", "nodev", fmt.Sprintf("size=%d", b.Config.Limits.MemoryBytes)}, fmt.Sprintf("mode=0700,uid=%d,gid=%d", uid, gid)))
 	return r.seccompNet, nil

@@ -161,24 +161,35 @@ type Result struct {
 	Signal int
 	// TimedOut: the wall-clock limit was hit and the container killed.
 	TimedOut bool
-	// OOMKilled: the memory limit killed a process of the container.
+	// OOMKilled: the memory limit killed a process of the container; in
+	// the process runtime, whose memory limit is an rlimit that refuses an
+	// allocation instead, an uncaught MemoryError ended the code
+	// (MemoryRefused is set too).
 	OOMKilled bool
+	// MemoryRefused: the process runtime's memory limit (RLIMIT_DATA)
+	// refused an allocation and the MemoryError ended the code.
+	MemoryRefused bool
 	// SocketsKilled: the container was killed because its socket buffers
 	// went past their bound (cgroup v1; OOMKilled is set too).
 	SocketsKilled bool
 	// PidsLimitHit: creating a process or thread failed at the pids limit
-	// (under gVisor, which needs host tasks too, the sandbox may end then).
+	// (under gVisor, which needs host tasks too, the sandbox may end then);
+	// in the process runtime, the count of its RLIMIT_NPROC reached it (a
+	// sample, every quarter second and as the code ends).
 	PidsLimitHit bool
 	// Duration is the wall-clock time from the start of the code to the
 	// end of its last process.
 	Duration time.Duration
 	// CPUTime is the CPU time all processes of the container used while
 	// the code ran, as the host's cgroup accounts it (under gVisor, its
-	// kernel's time too); 0 when unknown.
+	// kernel's time too; in the process runtime, the kernel's count of the
+	// call's processes, to a clock tick); 0 when unknown.
 	CPUTime time.Duration
 	// CPUThrottled is how long the CPU quota held the container back.
 	CPUThrottled time.Duration
-	// PeakMemoryBytes is the highest memory use, when the runtime knows it.
+	// PeakMemoryBytes is the highest memory use, when the runtime knows it:
+	// in the process runtime, the peak resident set of its largest single
+	// process (a peak of one process, not of their sum).
 	PeakMemoryBytes int64
 	// SocketPeakBytes is the most socket buffer memory the kernel charged
 	// to the call where it counts it apart from the memory limit (cgroup
@@ -200,6 +211,9 @@ type Result struct {
 	// Ended says why a session's sandbox takes no more calls: "" while it
 	// does (and for a call that is not a session's).
 	Ended SessionEnd
+	// EndDetail says in words what ended it when Ended alone would
+	// mislead (the runtime, not the code, ended it); else "".
+	EndDetail string
 	// Egress is what the call's code asked the egress proxy for, as the
 	// caller that gave the call its Egress reads it back (the runtime
 	// only relays).

@@ -77,7 +77,8 @@ type container interface {
 	// (cgroup v1); ok is false elsewhere.
 	sockets() (used, limit int64, ok bool)
 	// foreground gives a container prepared ahead the CPU weight of a
-	// running call (policy.CPUSharesCall).
+	// running call (policy.CPUSharesCall); the process runtime's, its
+	// process limit where the uid is shared, set as the call is claimed.
 	foreground() error
 	// deadline tells an outside watchdog when the call's code must be
 	// over, or that it is (zero time); a no-op without a watchdog.

@@ -30,16 +30,33 @@ type Session struct {
 	mu    sync.Mutex // one call at a time
 	ended SessionEnd
 	park  *time.Timer // parks the frozen sandbox once it has been idle parkAfter
+	// detail says in words why, when the reason's usual meaning does not:
+	// a session the runtime ended for running while frozen is exited,
+	// but not by its code.
+	detail string
 }
 
 // ErrSessionEnded is the error of a call to a session that has ended.
 var ErrSessionEnded = errors.New("the session has ended")
 
 // EndedError says why a session can take no call.
-type EndedError struct{ Reason SessionEnd }
+type EndedError struct {
+	Reason SessionEnd
+	// Detail says what happened when Reason alone would mislead; else "".
+	Detail string
+}
 
-func (e *EndedError) Error() string { return fmt.Sprintf("%v (%s)", ErrSessionEnded, e.Reason) }
+func (e *EndedError) Error() string {
+	if e.Detail != "" {
+		return fmt.Sprintf("%v (%s: %s)", ErrSessionEnded, e.Reason, e.Detail)
+	}
+	return fmt.Sprintf("%v (%s)", ErrSessionEnded, e.Reason)
+}
 func (e *EndedError) Unwrap() error { return ErrSessionEnded }
+
+// detailer is a container that can say why it ended when the reason's
+// usual meaning would mislead.
+type detailer interface{ endDetail() string }
 
 // SessionConfig configures a persistent session.
 type SessionConfig struct {
@@ -141,13 +158,13 @@ func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
 	defer s.mu.Unlock()
 	s.disarmPark()
 	if s.check() != "" {
-		return Result{}, &EndedError{s.ended}
+		return Result{}, &EndedError{s.ended, s.detail}
 	}
 	res, err := s.sb.run(ctx, req)
 	if errors.Is(err, errNotStarted) {
 		// It died between calls, and this one never started.
 		s.ended = s.endedAlone()
-		return Result{}, &EndedError{s.ended}
+		return Result{}, &EndedError{s.ended, s.detail}
 	}
 	s.ended = res.Ended
 	if res.Ended == "" && !s.background && s.sb.status() == ready {
@@ -155,6 +172,8 @@ func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
 		// nor code that told the init the call was over and ran on.
 		if ferr := s.sb.freeze(); ferr != nil {
 			s.ended, res.Ended = EndExited, EndExited
+			s.detail = "killed by the server: its processes could not all be stopped between calls"
+			res.EndDetail = s.detail
 			err = errors.Join(err, ferr)
 		} else {
 			s.armPark()
@@ -163,14 +182,30 @@ func (s *Session) Run(ctx context.Context, req Request) (Result, error) {
 	return res, err
 }
 
-// endedAlone is why a session's sandbox ended between calls.
+// endedAlone is why a session's sandbox ended between calls; it notes
+// the detail a container gives.
 func (s *Session) endedAlone() SessionEnd {
 	var res Result
 	s.sb.c.verdict(&res)
+	if d, ok := s.sb.c.(detailer); ok && s.detail == "" {
+		s.detail = d.endDetail()
+	}
 	if res.OOMKilled || res.PidsLimitHit {
 		return EndOOM
 	}
 	return EndExited
+}
+
+// EndDetail says in words why the session ended, when its reason alone
+// would mislead (a session the server killed for running while frozen is
+// exited, but not by its code); "" otherwise, and while it lives.
+func (s *Session) EndDetail() string {
+	if !s.mu.TryLock() {
+		return ""
+	}
+	defer s.mu.Unlock()
+	s.check()
+	return s.detail
 }
 
 // Done is closed once the session's sandbox has ended on its own or been

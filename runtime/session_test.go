@@ -382,6 +382,74 @@ threading.Thread(target=spin, daemon=True).start()`)
 	})
 }
 
+// selfWakeZombie leaves a process whose thread-group leader has exited
+// (SYS_exit on its main thread: a zombie while its threads live) with a
+// worker thread that a POSIX timer wakes with SIGCONT a second later,
+// once the session is frozen, and that then spins (red team F2: a watch
+// that knew processes, not threads, never looked at it). The call ends
+// once the leader is gone: a grandchild the leader thread forked learns
+// of it by its parent-death signal, and says so.
+const selfWakeZombie = `import ctypes, os, platform, signal, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+class sigevent(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int), ("pad", ctypes.c_byte * 48)]
+class timespec(ctypes.Structure):
+    _fields_ = [("s", ctypes.c_long), ("ns", ctypes.c_long)]
+class itimerspec(ctypes.Structure):
+    _fields_ = [("interval", timespec), ("value", timespec)]
+r, w = os.pipe()
+if os.fork() == 0:
+    signal.signal(signal.SIGCONT, lambda *_: None)
+    def spin():
+        timer = ctypes.c_void_p()
+        assert libc.timer_create(1, ctypes.byref(sigevent(signo=signal.SIGCONT, notify=0)), ctypes.byref(timer)) == 0
+        assert libc.timer_settime(timer, 0, ctypes.byref(itimerspec(timespec(0, 0), timespec(1, 0))), None) == 0
+        while True:
+            pass
+    threading.Thread(target=spin).start()
+    ready, go = os.pipe()
+    if os.fork() == 0:
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
+        libc.prctl(1, signal.SIGUSR1)  # PR_SET_PDEATHSIG: the leader thread's end
+        os.write(go, b"r")
+        signal.sigwait([signal.SIGUSR1])
+        os.write(w, b"x")
+        time.sleep(3600)
+    os.read(ready, 1)
+    libc.syscall(60 if platform.machine() == "x86_64" else 93, 0)  # SYS_exit: the leader ends, the worker runs on
+os.read(r, 1)`
+
+// A process whose leader has exited, its worker thread woken by its own
+// timer once the session is frozen, gains no CPU either: the container
+// runtimes' freezers hold every task; the process runtime's watch looks
+// at each thread and ends the session as soon as one runs, saying so.
+func TestSessionZombieLeaderWakesItself(t *testing.T) {
+	forEachSessionRuntime(t, func(t *testing.T, h *harness) {
+		s := h.newSession()
+		res := s.run(selfWakeZombie)
+		if res.ExitCode != 0 || res.Ended != "" {
+			t.Fatalf("arming the timer: exit %d, ended %q, stderr %s", res.ExitCode, res.Ended, res.Stderr)
+		}
+		frozen := time.Now()
+		if h.kind == runtime.Process {
+			testenv.EventuallyWithin(t, 5*time.Second, "the session that woke itself to be killed", func() bool { return s.Ended() != "" })
+			t.Logf("ended %v after the call", time.Since(frozen).Round(time.Millisecond))
+			_, err := s.Run(context.Background(), runtime.Request{Code: []byte("1"), Timeout: time.Second, MaxOutputBytes: 100})
+			var ended *runtime.EndedError
+			if !errors.As(err, &ended) || ended.Reason != runtime.EndExited || !strings.Contains(ended.Detail, "ran while the session was frozen") {
+				t.Errorf("a call after the session woke itself: %v, want it ended (exited) for running while frozen", err)
+			}
+			return
+		}
+		if used, allowed := idleCPU(t, h, s); used > allowed {
+			t.Errorf("a zombie leader's worker that wakes itself used %v of CPU between calls in %v, want at most %v", used, idleWindow, allowed)
+		}
+		if res = s.run("1 + 1"); string(res.Value) != "2" {
+			t.Errorf("the next call: value %q, stderr %s", res.Value, res.Stderr)
+		}
+	})
+}
+
 // MCP_EXEC_PERSISTENT_BACKGROUND's session is a notebook's kernel: what
 // the code left running runs on between calls.
 func TestSessionBackgroundRunsBetweenCalls(t *testing.T) {

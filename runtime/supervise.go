@@ -57,7 +57,7 @@ func socketsOver(used, limit int64) bool { return limit > 0 && used > limit+limi
 // interruptGrace later: code that stops keeps its session.
 func supervise(ctx context.Context, c container, exited <-chan struct{}, s *initConn, req Request) (res Result, idle bool, err error) {
 	if err := c.foreground(); err != nil {
-		return res, false, fmt.Errorf("%w: giving the sandbox a call's CPU weight: %w", ErrSandbox, err)
+		return res, false, fmt.Errorf("%w: readying the sandbox for the call (its CPU weight, its process limit): %w", ErrSandbox, err)
 	}
 	s.watch(req.Live)
 	defer s.watch(nil)
@@ -267,6 +267,10 @@ func (k *call) result() (Result, bool, error) {
 	if !k.start.IsZero() && k.cpu1 >= k.cpu0 {
 		res.CPUTime = k.cpu1 - k.cpu0
 	}
+	// No cgroup counts for the process runtime: its init measured.
+	if k.exit != nil && k.exit.usage != nil {
+		res.CPUTime, res.PeakMemoryBytes = k.exit.usage.cpu, k.exit.usage.peak
+	}
 	req.phases(k.start, k.exitAt)
 	switch {
 	case k.ctxErr != nil:
@@ -289,6 +293,16 @@ func (k *call) ending() {
 		res.ExitCode = exitCode(ws.Exited(), ws.ExitStatus(), ws.Signaled(), int(ws.Signal()))
 		if ws.Signaled() {
 			res.Signal = int(ws.Signal())
+		}
+		// The process runtime's limits are rlimits: its init says when the
+		// code reached the process limit, and when the memory limit's
+		// refusal (MemoryError) ended it, which a cgroup's OOM kill would
+		// have (the same verdict; MemoryRefused tells them apart).
+		if ev.flags&initproto.ExitPids != 0 {
+			res.PidsLimitHit = true
+		}
+		if ev.flags&initproto.ExitMemory != 0 {
+			res.OOMKilled, res.MemoryRefused = true, true
 		}
 		// The init counted everything; it sent only what fits the cap.
 		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, ev.outTotal), max(res.StderrBytes, ev.errTotal)

@@ -40,6 +40,9 @@ type auditRecord struct {
 	// handle, which is what lets a caller in); SessionEnded why it ended.
 	Session      string             `json:"session,omitempty"`
 	SessionEnded runtime.SessionEnd `json:"session_ended,omitempty"`
+	// SessionEndDetail says what ended it when SessionEnded alone would
+	// mislead (the server killed it, not its code).
+	SessionEndDetail string `json:"session_end_detail,omitempty"`
 	// Event is "session_start" or "session_end" for a record of a
 	// persistent session rather than of a call.
 	Event string `json:"event,omitempty"`
@@ -49,9 +52,9 @@ type auditRecord struct {
 }
 
 // auditSession records a persistent session's start or end.
-func (s *Server) auditSession(h *held, event string, why runtime.SessionEnd) {
+func (s *Server) auditSession(h *held, event string, why runtime.SessionEnd, detail string) {
 	s.opts.Audit.write(auditRecord{Time: time.Now().UTC(), CallID: uuid.NewString(), Client: h.client,
-		Runtime: s.info.Runtime, Event: event, Session: h.id, SessionEnded: why})
+		Runtime: s.info.Runtime, Event: event, Session: h.id, SessionEnded: why, SessionEndDetail: detail})
 }
 
 type auditLimits struct {

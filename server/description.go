@@ -89,9 +89,14 @@ func (s *Server) description() string {
 	} else {
 		fmt.Fprintf(&b, "%s The filesystem is read-only except /tmp (the working directory, a %d MiB tmpfs). ", network, o.Limits.TmpfsBytes/mib)
 	}
-	if len(info.Modules) == 0 {
+	switch {
+	case len(info.Modules) == 0 && info.MoreModules == 0:
 		b.WriteString("Only the Python standard library is available. ")
-	} else {
+	case info.MoreModules > 0 && len(info.Modules) > 0:
+		fmt.Fprintf(&b, "Importable beyond the standard library: %s, and %d more modules of the host's Python. ", strings.Join(info.Modules, ", "), info.MoreModules)
+	case info.MoreModules > 0:
+		fmt.Fprintf(&b, "Importable beyond the standard library: %d modules of the host's Python. ", info.MoreModules)
+	default:
 		fmt.Fprintf(&b, "Importable beyond the standard library: %s. ", strings.Join(info.Modules, ", "))
 	}
 	if info.Shell {

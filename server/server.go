@@ -62,6 +62,10 @@ type EngineInfo struct {
 	// Modules are the importable top-level modules beyond the standard
 	// library.
 	Modules []string
+	// MoreModules counts the importable modules that Modules leaves out:
+	// the process runtime lists the batteries of the host's Python, and
+	// counts the rest of its site-packages.
+	MoreModules int
 	// Shell: /bin/sh and the common command-line tools exist.
 	Shell bool
 	// Note is a sentence the description adds, e.g. what isolation a
@@ -145,7 +149,7 @@ type execOutput struct {
 	ExitCode        int                `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
 	Signal          string             `json:"signal" jsonschema:"the signal that killed the program (e.g. SIGSEGV, SIGKILL), then exit_code is 128 + its number; empty when it exited"`
 	TimedOut        bool               `json:"timed_out" jsonschema:"the wall-clock limit was hit: a fresh call's sandbox was killed; in a persistent session the code was interrupted (KeyboardInterrupt) and, if it stopped, the session lives on (session_ended empty), else its sandbox was killed (session_ended timeout)"`
-	OOMKilled       bool               `json:"oom_killed" jsonschema:"the memory limit killed a process"`
+	OOMKilled       bool               `json:"oom_killed" jsonschema:"the memory limit killed a process (in the process runtime: its limit refused an allocation and the MemoryError ended the code)"`
 	PidsLimited     bool               `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
 	StdoutTruncated bool               `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
 	StderrTruncated bool               `json:"stderr_truncated" jsonschema:"stderr went past its cap and was cut; the program was not blocked or killed for it"`
@@ -153,8 +157,8 @@ type execOutput struct {
 	StdoutBytes     int64              `json:"stdout_bytes" jsonschema:"bytes the program wrote to stdout, including any past the cap"`
 	StderrBytes     int64              `json:"stderr_bytes" jsonschema:"bytes the program wrote to stderr, including any past the cap"`
 	DurationMS      int64              `json:"duration_ms" jsonschema:"wall-clock time of the run in milliseconds"`
-	CPUMS           int64              `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's cgroup accounts it; 0 when unknown"`
-	PeakMemoryBytes int64              `json:"peak_memory_bytes" jsonschema:"highest memory use of the container, 0 when unknown"`
+	CPUMS           int64              `json:"cpu_ms" jsonschema:"CPU time of all processes in milliseconds, as the host's kernel accounts it (the sandbox's cgroup; in the process runtime, the call's processes, to 10 ms); 0 when unknown"`
+	PeakMemoryBytes int64              `json:"peak_memory_bytes" jsonschema:"highest memory use of the container (in the process runtime, the peak resident memory of its largest single process, approximate), 0 when unknown"`
 	Runtime         string             `json:"runtime" jsonschema:"the runtime that ran the code: libcontainer, runsc or process"`
 	Files           []outputFile       `json:"files" jsonschema:"the regular files the code left under /tmp/outputs, each also a content block: inline when small, else a resource_link to its uri"`
 	FilesTruncated  bool               `json:"files_truncated" jsonschema:"a file under /tmp/outputs was left out for the file count or size limit"`
@@ -253,7 +257,7 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		res, timeout, so, err := s.exec(ctx, req, in, o)
 		rec.setResult(res, timeout, err)
 		if so.handle != "" {
-			rec.Session, rec.SessionEnded = sessionID(so.handle), so.ended
+			rec.Session, rec.SessionEnded, rec.SessionEndDetail = sessionID(so.handle), so.ended, so.detail
 		}
 		rec.Verdict = s.endCall(ctx, c, rec, res, err)
 		s.opts.Audit.write(rec)
@@ -280,15 +284,17 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		out := outputOf(res, s.info.Runtime)
 		out.Session, out.SessionEnded = so.handle, so.ended
 		files, shown := s.fileBlocks(res.Files, &out, s.scopeOf(req.Session))
-		text := s.summary(callText{out: out, timeout: timeout, shown: shown})
+		text := s.summary(callText{out: out, timeout: timeout, shown: shown, endDetail: so.detail, memoryRefused: res.MemoryRefused})
 		return &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: text}}, files...)}, out, nil
 	}
 }
 
-// sessionOut is what a call says of its persistent session.
+// sessionOut is what a call says of its persistent session: its handle,
+// why it ended, and what ended it when that alone would mislead.
 type sessionOut struct {
 	handle string
 	ended  runtime.SessionEnd
+	detail string
 }
 
 // exec validates the input, waits for a free slot and runs the code: in a

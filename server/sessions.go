@@ -30,6 +30,9 @@ type Session interface {
 	Done() <-chan struct{}
 	// Ended says why it ended on its own; "" while it lives.
 	Ended() runtime.SessionEnd
+	// EndDetail says in words what ended it when the reason alone would
+	// mislead; "" otherwise.
+	EndDetail() string
 	Close() error
 }
 
@@ -63,7 +66,7 @@ type sessions struct {
 	mu       sync.Mutex
 	live     map[string]*held // by handle: opening, idle, busy or ending
 	watching map[*mcp.ServerSession]bool
-	ended    map[string]runtime.SessionEnd
+	ended    map[string]endedAs
 	order    []string // ended handles, oldest first
 	closed   bool
 }
@@ -103,6 +106,7 @@ type held struct {
 	mu       sync.Mutex
 	state    heldState
 	why      runtime.SessionEnd // why it ended (ended)
+	detail   string             // and in words, when why alone would mislead
 	queue    []chan struct{}    // calls waiting for their turn, in arrival order
 	idle     *time.Timer
 	lifetime *time.Timer
@@ -119,8 +123,15 @@ func (h *held) move(to heldState) bool {
 	return false
 }
 
+// endedAs is why a session ended: a reason of the contract's, and, when
+// that alone would mislead, what happened.
+type endedAs struct {
+	why    runtime.SessionEnd
+	detail string
+}
+
 func newSessions(s *Server) *sessions {
-	return &sessions{srv: s, live: map[string]*held{}, watching: map[*mcp.ServerSession]bool{}, ended: map[string]runtime.SessionEnd{}}
+	return &sessions{srv: s, live: map[string]*held{}, watching: map[*mcp.ServerSession]bool{}, ended: map[string]endedAs{}}
 }
 
 // reserve makes room for a new session of owner, or says why there is
@@ -208,10 +219,10 @@ func (ss *sessions) open(h *held, sess Session) error {
 	go func() {
 		<-sess.Done()
 		if r := sess.Ended(); r != "" {
-			ss.end(h, r)
+			ss.endWith(h, endedAs{r, sess.EndDetail()})
 		}
 	}()
-	ss.srv.auditSession(h, "session_start", "")
+	ss.srv.auditSession(h, "session_start", "", "")
 	ss.srv.log.Info("persistent session started", "session", h.id, "client", h.client)
 	return nil
 }
@@ -236,8 +247,8 @@ func (ss *sessions) lookup(handle string) (*held, error) {
 	if h, ok := ss.live[handle]; ok {
 		return h, nil
 	}
-	if why, ok := ss.ended[handle]; ok {
-		return nil, fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(why, ss.srv.opts))
+	if e, ok := ss.ended[handle]; ok {
+		return nil, fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(e.why, e.detail, ss.srv.opts))
 	}
 	msg := "session: no persistent session of that handle on this server; start one with session \"new\""
 	if ss.srv.opts.Stateless || ss.srv.opts.Transport != Stdio {
@@ -252,7 +263,7 @@ func (ss *sessions) turn(ctx context.Context, h *held) error {
 	h.mu.Lock()
 	if h.state == ended || h.state == opening {
 		h.mu.Unlock()
-		return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, ss.srv.opts))
+		return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, h.detail, ss.srv.opts))
 	}
 	if h.move(busy) {
 		h.idle.Stop()
@@ -275,7 +286,7 @@ func (ss *sessions) turn(ctx context.Context, h *held) error {
 		defer h.mu.Unlock()
 		if h.state == ended {
 			ss.passTurn(h)
-			return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, ss.srv.opts))
+			return fmt.Errorf("session: that persistent session has ended (%s)", describeEnd(h.why, h.detail, ss.srv.opts))
 		}
 		return nil
 	case <-ctx.Done():
@@ -307,14 +318,17 @@ func (ss *sessions) passTurn(h *held) {
 
 // release ends a call's turn; why, when not "", ends the session, as does
 // a lifetime that passed during the call.
-func (ss *sessions) release(h *held, why runtime.SessionEnd) {
+func (ss *sessions) release(h *held, why runtime.SessionEnd) { ss.releaseWith(h, endedAs{why: why}) }
+
+// releaseWith is release with what ended the session in words.
+func (ss *sessions) releaseWith(h *held, e endedAs) {
 	h.mu.Lock()
-	if why == "" && h.state == ending {
-		why = runtime.EndLifetime
+	if e.why == "" && h.state == ending {
+		e.why = runtime.EndLifetime
 	}
 	h.mu.Unlock()
-	if why != "" {
-		ss.end(h, why)
+	if e.why != "" {
+		ss.endWith(h, e)
 	}
 	h.mu.Lock()
 	ss.passTurn(h)
@@ -342,13 +356,18 @@ func (ss *sessions) expire(h *held, why runtime.SessionEnd) {
 
 // end ends a session once, for why: its sandbox is torn down, its handle
 // remembered with the reason.
-func (ss *sessions) end(h *held, why runtime.SessionEnd) {
+func (ss *sessions) end(h *held, why runtime.SessionEnd) { ss.endWith(h, endedAs{why: why}) }
+
+// endWith is end with what happened in words, when why alone would
+// mislead.
+func (ss *sessions) endWith(h *held, e endedAs) {
+	why := e.why
 	h.mu.Lock()
 	if !h.move(ended) {
 		h.mu.Unlock()
 		return
 	}
-	h.why = why
+	h.why, h.detail = why, e.detail
 	sess := h.sess
 	if h.idle != nil {
 		h.idle.Stop()
@@ -358,7 +377,7 @@ func (ss *sessions) end(h *held, why runtime.SessionEnd) {
 
 	ss.mu.Lock()
 	delete(ss.live, h.handle)
-	ss.ended[h.handle] = why
+	ss.ended[h.handle] = e
 	ss.order = append(ss.order, h.handle)
 	if len(ss.order) > rememberEnded {
 		delete(ss.ended, ss.order[0])
@@ -371,7 +390,11 @@ func (ss *sessions) end(h *held, why runtime.SessionEnd) {
 	if err := sess.Close(); err != nil {
 		ss.srv.log.Error("tearing down a persistent session", "session", h.id, "err", err)
 	}
-	ss.srv.auditSession(h, "session_end", why)
+	ss.srv.auditSession(h, "session_end", why, e.detail)
+	if e.detail != "" {
+		ss.srv.log.Warn("persistent session ended", "session", h.id, "why", why, "detail", e.detail, "lived", time.Since(h.created).Round(time.Millisecond))
+		return
+	}
 	ss.srv.log.Info("persistent session ended", "session", h.id, "why", why, "lived", time.Since(h.created).Round(time.Millisecond))
 }
 
@@ -410,7 +433,7 @@ func (ss *sessions) call(ctx context.Context, req *mcp.CallToolRequest, in execI
 	if err != nil || endOnly {
 		if err == nil {
 			ss.release(h, runtime.EndClosed)
-			return runtime.Result{}, 0, sessionOut{h.handle, runtime.EndClosed}, nil
+			return runtime.Result{}, 0, sessionOut{handle: h.handle, ended: runtime.EndClosed}, nil
 		}
 		return runtime.Result{}, timeout, sessionOut{}, err
 	}
@@ -427,9 +450,9 @@ func (ss *sessions) call(ctx context.Context, req *mcp.CallToolRequest, in execI
 		}
 	}
 	res, err := h.sess.Run(ctx, s.request(ctx, in, files, timeout, live))
-	why, err := ss.verdict(res, err, in.EndSession)
-	ss.release(h, why)
-	return res, timeout, sessionOut{h.handle, why}, err
+	e, err := ss.verdict(res, err, in.EndSession)
+	ss.releaseWith(h, e)
+	return res, timeout, sessionOut{h.handle, e.why, e.detail}, err
 }
 
 // check refuses a session call that cannot be made, and checks a call
@@ -490,26 +513,30 @@ func (ss *sessions) make(ctx context.Context, h *held) error {
 	return ss.open(h, sess)
 }
 
-// verdict is why a session call's result ends its session ("" when it
-// lives on), and the error the caller gets.
-func (ss *sessions) verdict(res runtime.Result, err error, endSession bool) (runtime.SessionEnd, error) {
-	why := res.Ended
+// verdict is why a session call's result ends its session (why "" when
+// it lives on), and the error the caller gets.
+func (ss *sessions) verdict(res runtime.Result, err error, endSession bool) (endedAs, error) {
+	e := endedAs{res.Ended, res.EndDetail}
 	var gone *runtime.EndedError
 	switch {
 	case errors.As(err, &gone):
-		why = gone.Reason
-		err = &inputError{fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(why, ss.srv.opts))}
-	case errors.Is(err, runtime.ErrSandbox) && why == "":
+		e = endedAs{gone.Reason, gone.Detail}
+		err = &inputError{fmt.Errorf("session: that persistent session has ended (%s); start another with session \"new\"", describeEnd(e.why, e.detail, ss.srv.opts))}
+	case errors.Is(err, runtime.ErrSandbox) && e.why == "":
 		// The sandbox could not run the call: the session goes with it.
-		why = runtime.EndExited
-	case why == "" && endSession:
-		why = runtime.EndClosed
+		e = endedAs{runtime.EndExited, "the sandbox could not run the call"}
+	case e.why == "" && endSession:
+		e.why = runtime.EndClosed
 	}
-	return why, err
+	return e, err
 }
 
-// describeEnd says what an end reason means.
-func describeEnd(why runtime.SessionEnd, o Options) string {
+// describeEnd says what an end reason means; detail, when given, says
+// what happened instead of the reason's usual meaning.
+func describeEnd(why runtime.SessionEnd, detail string, o Options) string {
+	if detail != "" {
+		return string(why) + ": " + detail
+	}
 	switch why {
 	case runtime.EndClosed:
 		return "closed: a call ended it with end_session, or the MCP session that opened it ended"

@@ -80,6 +80,7 @@ func (s *fakeSession) Run(ctx context.Context, req runtime.Request) (runtime.Res
 
 func (s *fakeSession) Done() <-chan struct{}     { return s.done }
 func (s *fakeSession) Ended() runtime.SessionEnd { return "" }
+func (s *fakeSession) EndDetail() string         { return "" }
 func (s *fakeSession) Close() error {
 	s.closed.Do(func() { close(s.done) })
 	return nil

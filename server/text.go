@@ -38,6 +38,12 @@ type callText struct {
 	// content block), "image below", or "link" (a resource_link to its
 	// uri).
 	shown []string
+	// endDetail says what ended the session, when out.SessionEnded alone
+	// would mislead.
+	endDetail string
+	// memoryRefused: oom_killed means the process runtime's memory limit
+	// refused an allocation (MemoryError), not a kill.
+	memoryRefused bool
 }
 
 // textBytes is the text block's budget.
@@ -71,7 +77,10 @@ func (s *Server) verdictLine(c callText) string {
 	if out.TimedOut {
 		b.WriteString("; " + timeoutText(out, c.timeout))
 	}
-	if out.OOMKilled {
+	switch {
+	case out.OOMKilled && c.memoryRefused:
+		fmt.Fprintf(&b, "; the memory limit (%d MiB) refused an allocation, and the MemoryError ended the code", o.Limits.MemoryBytes/mib)
+	case out.OOMKilled:
 		fmt.Fprintf(&b, "; killed by the memory limit (%d MiB)", o.Limits.MemoryBytes/mib)
 	}
 	if out.PidsLimited {
@@ -92,7 +101,7 @@ func (s *Server) verdictLine(c callText) string {
 	if out.Session != "" {
 		fmt.Fprintf(&b, "; persistent session %s", out.Session)
 		if out.SessionEnded != "" {
-			fmt.Fprintf(&b, " ended (%s)", describeEnd(out.SessionEnded, o))
+			fmt.Fprintf(&b, " ended (%s)", describeEnd(out.SessionEnded, c.endDetail, o))
 		}
 	}
 	fmt.Fprintf(&b, " (%d ms)\n", out.DurationMS)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/host"
@@ -32,6 +35,9 @@ type engine struct {
 	bundleCfg     bundle.Config
 	pythonVersion string
 	contents      rootfs.Contents
+	// moreModules counts what the process runtime's host Python imports
+	// beyond contents.Modules.
+	moreModules int
 	// note says, when the runtime is not a per-call container, what the
 	// sandbox is instead and why it was chosen.
 	note string
@@ -265,7 +271,7 @@ func (e *engine) compileImage(ctx context.Context, bc bundle.Config) error {
 // processNote is the tool description's paragraph about the process
 // runtime: what each call gets, what this host lacks of it, and what the
 // code must do differently.
-func processNote(configured runtime.Kind, why string, iso runtime.ProcessIsolation) string {
+func processNote(configured runtime.Kind, why string, iso runtime.ProcessIsolation, limits policy.Limits, stackBytes int64) string {
 	n := "Isolation: " + iso.Summary() + "."
 	if configured == runtime.Auto && why != "" {
 		// The reason in full is the operator's (the log, doctor).
@@ -274,8 +280,30 @@ func processNote(configured runtime.Kind, why string, iso runtime.ProcessIsolati
 	if names := missingNames(iso.Missing); names != "" {
 		n += " This host lacks: " + names + "."
 	}
-	n += " There are no IP sockets, and multiprocessing's pools, queues and locks are not available (they need the machine's /dev/shm): use threads."
-	return n
+	if iso.Namespaces {
+		n += " There are no IP sockets, and multiprocessing's pools, queues and locks are not available (they need a /dev/shm, which the call has not): use threads."
+	} else {
+		n += " There are no IP or unix sockets (socketpair works), and multiprocessing's pools, queues, locks and managers are not available: use threads."
+	}
+	return n + " " + processLimitsNote(iso, limits, stackBytes)
+}
+
+// processLimitsNote says how the process runtime's limits, rlimits rather
+// than a cgroup's, differ from what the limits line says: what the
+// process limit counts, that thread stacks count in the memory limit,
+// and what the memory limit does at its bound.
+func processLimitsNote(iso runtime.ProcessIsolation, limits policy.Limits, stackBytes int64) string {
+	var n string
+	if !iso.Namespaces && !iso.UIDPerCall {
+		n = fmt.Sprintf("The process limit counts the server's own uid, which every call shares: a call may start %d processes/threads beyond what that uid ran when the call began, fewer where that would take the uid near its own limit. ", limits.Pids)
+	}
+	if iso.ContainerPids > 0 {
+		n += fmt.Sprintf("The container's own process limit (%d) bounds the server and all calls together: a call gets no more than it leaves free. ", iso.ContainerPids)
+	}
+	if stackBytes > 0 {
+		n += fmt.Sprintf("Each thread's stack (%d MiB) counts in the memory limit: about %d threads fit. ", stackBytes/mib, limits.MemoryBytes/stackBytes-2)
+	}
+	return n + "At the memory limit an allocation fails (MemoryError) rather than the process being killed: a MemoryError that ends the code is reported as oom_killed."
 }
 
 func missingNames(ms []host.Missing) string {
@@ -291,7 +319,7 @@ func missingNames(ms []host.Missing) string {
 func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, why string) error {
 	// Said once, with why auto chose it: the reason is long.
 	iso := p.Isolation()
-	e.note = expandFields(processNote(e.set.kind, why, iso))
+	e.note = expandFields(processNote(e.set.kind, why, iso, e.set.limits, threadStack()))
 	if e.egress != nil {
 		// The network's sentence says what its IPv4 sockets reach.
 		e.note = strings.Replace(e.note, "There are no IP sockets, and", "Besides the network proxy there are no IP sockets, and", 1)
@@ -309,7 +337,15 @@ func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, wh
 		return fmt.Errorf("the sandbox cannot start: %w", e.pipMissing(err))
 	}
 	e.bundleCfg = e.bundleConfig(rootfs.Root{Dir: "/", Python: py.Path, Contents: e.contents})
+	// The host's interpreter imports whatever its site-packages hold,
+	// whatever MCP_EXEC_PACKAGES names: the description says what.
+	packages := e.contents.Modules
+	if err := e.hostModules(ctx); err != nil {
+		return fmt.Errorf("the sandbox cannot start: listing what the host's Python imports: %w", err)
+	}
 	if slices.Contains(e.contents.Modules, "matplotlib") {
+		// The rootfs's backend, as a container's has it (rootfs.Build):
+		// plt.show() saves each figure where it comes back.
 		lib := filepath.Join(p.Dir(), "lib")
 		if err := os.Mkdir(lib, 0o755); err != nil {
 			return fmt.Errorf("the sandbox cannot start: %w", err)
@@ -318,8 +354,11 @@ func (e *engine) startProcess(ctx context.Context, p *runtime.ProcessRuntime, wh
 			return fmt.Errorf("the sandbox cannot start: %w", err)
 		}
 		e.bundleCfg.Env = append(e.bundleCfg.Env, "PYTHONPATH="+lib)
+		if !slices.ContainsFunc(e.bundleCfg.Env, func(kv string) bool { return strings.HasPrefix(kv, "MPLBACKEND=") }) {
+			e.bundleCfg.Env = append(e.bundleCfg.Env, "MPLBACKEND="+rootfs.MatplotlibBackend)
+		}
 	}
-	e.pythonVersion, err = e.validateRootfs(ctx, e.bundleCfg, e.contents.Modules, nil)
+	e.pythonVersion, err = e.validateRootfs(ctx, e.bundleCfg, packages, nil)
 	if err != nil {
 		return fmt.Errorf("the sandbox cannot start: %w", err)
 	}
@@ -335,6 +374,62 @@ func (e *engine) pipMissing(err error) error {
 		return fmt.Errorf("MCP_EXEC_EGRESS_ALLOW is set, which puts pip in the rootfs (from the host's Debian package): %w", err)
 	}
 	return err
+}
+
+// batteries are the modules of a host's Python the process runtime's
+// description names when they import in its sandbox, in this order; the
+// rest of its site-packages it counts. (A desktop's Python holds dozens
+// of modules of the system's own: apt, dbus, gi.)
+var batteries = []string{"numpy", "pandas", "matplotlib", "scipy", "sympy", "sklearn", "statsmodels", "seaborn",
+	"networkx", "PIL", "cv2", "skimage", "yaml", "jinja2", "requests", "bs4", "lxml", "openpyxl", "pyarrow",
+	"polars", "dateutil", "pytz", "tqdm", "plotly", "h5py", "xarray", "numba", "torch", "tensorflow"}
+
+// hostModules lists, in a sandbox of the process runtime, what its
+// interpreter imports beyond the standard library: the top-level modules
+// of its site-packages, of which the batteries are each imported (in a
+// process of their own) to be named. The description names those that
+// import, and those MCP_EXEC_PACKAGES named, and counts the rest.
+func (e *engine) hostModules(ctx context.Context) error {
+	probe := fmt.Sprintf(`import json, pkgutil, subprocess, sys, sysconfig
+paths = sysconfig.get_paths()
+std = {paths["stdlib"], paths["platstdlib"]}
+found = set()
+for p in sys.path[1:]:
+    if p in std or p.endswith((".zip", "lib-dynload")):
+        continue
+    for m in pkgutil.iter_modules([p]):
+        if m.name.isidentifier() and not m.name.startswith(("_", "mcp_exec")):
+            found.add(m.name)
+ok = [m for m in %s if m in found and subprocess.run([sys.executable, "-c", "import " + m], capture_output=True).returncode == 0]
+print(json.dumps({"found": sorted(found), "import": ok}))
+`, pythonList(batteries))
+	res, err := runtime.Run(ctx, e.rt, e.bundleCfg, runtime.Request{Code: []byte(probe), Timeout: 120 * time.Second, MaxOutputBytes: 1 << 20})
+	if err != nil {
+		return err
+	}
+	var got struct{ Found, Import []string }
+	if res.ExitCode != 0 || json.Unmarshal(res.Stdout, &got) != nil {
+		return fmt.Errorf("the probe ended with exit %d: %s", res.ExitCode, lastLines(res.Stderr, 3))
+	}
+	named := slices.Concat(got.Import, e.contents.Modules)
+	slices.Sort(named)
+	e.contents.Modules = slices.Compact(named)
+	e.moreModules = 0
+	for _, m := range got.Found {
+		if !slices.Contains(e.contents.Modules, m) {
+			e.moreModules++
+		}
+	}
+	return nil
+}
+
+// pythonList renders names as a Python list literal.
+func pythonList(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
 }
 
 // bundleConfig is what every sandbox of this engine on root shares.
@@ -487,7 +582,7 @@ func (s engineSession) Run(ctx context.Context, req runtime.Request) (runtime.Re
 // Info describes the sandbox for the tool description.
 func (e *engine) Info() server.EngineInfo {
 	return server.EngineInfo{Runtime: string(e.rt.Kind()), PythonVersion: e.pythonVersion,
-		Modules: e.contents.Modules, Shell: e.contents.Shell, Note: e.note, Network: e.network}
+		Modules: e.contents.Modules, MoreModules: e.moreModules, Shell: e.contents.Shell, Note: e.note, Network: e.network}
 }
 
 func (e *engine) close() error {
@@ -535,4 +630,15 @@ func (e *engine) ready() error {
 		return errors.New("the newest sandbox could not start (its log says why)")
 	}
 	return nil
+}
+
+// threadStack is the stack a new thread of the code gets by default:
+// glibc's, the RLIMIT_STACK the code inherits from the server, or 2 MiB
+// when that is unlimited.
+func threadStack() int64 {
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_STACK, &rl) != nil || rl.Cur == unix.RLIM_INFINITY {
+		return 2 << 20
+	}
+	return int64(rl.Cur)
 }

@@ -66,6 +66,10 @@ type execOutput struct {
 	DurationMS      int64  `json:"duration_ms"`
 	Runtime         string `json:"runtime"`
 	Session         string `json:"session"`
+	SessionEnded    string `json:"session_ended"`
+	PidsLimited     bool   `json:"pids_limited"`
+	CPUMS           int64  `json:"cpu_ms"`
+	PeakMemoryBytes int64  `json:"peak_memory_bytes"`
 }
 
 func decodeOutput(t testing.TB, res *mcp.CallToolResult) execOutput {

@@ -46,6 +46,12 @@ type Fresh struct {
 	LoopbackMTU int
 	// KeepCaps are the capabilities the init keeps once set up (bits).
 	KeepCaps uint64
+	// Root, the process runtime's: when not empty, the init makes the call
+	// a root of its own, as bubblewrap does: a tmpfs holding these paths
+	// of the host bound read-only at the same place (a symlink made
+	// again as a symlink), the mounts above made in it, and nothing else
+	// of the host's; it pivots into it, and the host's root is gone.
+	Root []string
 }
 
 // Mount is one fresh mount, as mount(2) takes it.
@@ -71,16 +77,24 @@ type Process struct {
 	// Namespaces, when not nil, says that the init starts as pid 1 of new
 	// user, pid, mount, network, IPC and UTS namespaces (the runtime made
 	// them as it started it), and what it makes them before anything
-	// else, as a forked sandbox's init does: over the host's files, made
-	// read-only, a fresh /proc and /sys and a tmpfs on the work dir and
-	// one on the script's dir (Mounts); /proc's masks; the hostname; lo
-	// up. Then it keeps no capability (KeepCaps is 0).
+	// else, as a forked sandbox's init does: a root of the call's own,
+	// the host's paths of Root in it read-only, a fresh /proc and /sys
+	// and a tmpfs on the work dir and one on the script's dir (Mounts);
+	// /proc's masks; the hostname; lo up. Then it keeps no capability
+	// (KeepCaps is 0) but, under a root server, an init's.
 	Namespaces *Fresh
 	// ProcSelf narrows the domain's /proc, without a pid namespace of its
 	// own, to what is the machine's (not a process's) and the code's own
 	// process: no other process, the server's and other calls' included,
 	// is visible to it. Read then lists no /proc.
 	ProcSelf bool
+	// PidsShare, when not 0, is the call's share of processes where its
+	// process limit (RLIMIT_NPROC) counts a uid it shares with the server
+	// and other calls (the runtime lowers the limit to the uid's count as
+	// the call is claimed, plus the share): the init says the limit was
+	// reached when the call's own tasks reach the share, or the uid's
+	// count, which others move too, the limit.
+	PidsShare int64
 }
 
 // fresh is what the init makes of the new namespaces it starts in, if
@@ -159,6 +173,14 @@ var fields = []field{
 		func(c *Config) bool { return c.Process != nil && c.Process.Namespaces != nil }, putOne},
 	{27, "CFG_PROC_SELF", "number: 1: of /proc the code reads only the machine's entries and its own process",
 		func(c *Config) bool { return c.Process != nil && c.Process.ProcSelf }, putOne},
+	{28, "CFG_ROOT", "string, each: a host path bound read-only at its place into the call's own root (the process runtime's)",
+		func(c *Config) bool {
+			return c.Process != nil && c.Process.Namespaces != nil && len(c.Process.Namespaces.Root) > 0
+		},
+		func(w *writer, c *Config) { w.strs(c.Process.Namespaces.Root) }},
+	{29, "CFG_PIDS_SHARE", "number: the call's share of processes, its RLIMIT_NPROC counting a uid shared with others",
+		func(c *Config) bool { return c.Process != nil && c.Process.PidsShare > 0 },
+		func(w *writer, c *Config) { w.num(uint64(c.Process.PidsShare)) }},
 	{40, "CFG_RELAY_PORT", "number: the egress relay's port on the sandbox's 127.0.0.1",
 		func(c *Config) bool { return c.RelayPort != 0 && !c.Template }, func(w *writer, c *Config) { w.num(uint64(c.RelayPort)) }},
 	{41, "CFG_CA_BUNDLE", "bytes: the CA certificates the code trusts, written read-only at CFG_CA_PATH",

@@ -173,6 +173,10 @@ const (
 	IForked  = 'U'
 	IReaped  = 'A'
 	INet     = 'm'
+	// IUsage, the process runtime's (no cgroup counts for it), comes just
+	// before IExit: u64 CPU ns and u64 peak memory bytes of the call's
+	// processes, as the init measured them.
+	IUsage = 'u'
 )
 
 // The egress relay's ops (the first byte of an H_NET or I_NET frame), and
@@ -218,6 +222,7 @@ const (
 	DDone        = 'd' // a session's call ended: u32 exit status
 	DReady       = 'r' // a forked interpreter is confined and waits: u32 its pid
 	DGo          = 'g' // to a forked interpreter: it is the call's, checked; the sandbox is made
+	DMemory      = 'm' // an uncaught MemoryError ended the call's code
 	// Options of a call, to the driver.
 	OptPersist = 1 << 0 // a session: wait for the next call after this one
 	OptLive    = 1 << 1 // someone watches the output: stdout line-buffered
@@ -249,6 +254,14 @@ const (
 	// ExitCell: a session's call ended and its interpreter lives on; the
 	// status is the call's (0, 1 for an exception, 130 for an interrupt).
 	ExitCell = 1 << 1
+	// ExitPids, the process runtime's (bits from 8 up): the count the
+	// code's process limit (RLIMIT_NPROC) counts reached it while the
+	// code ran, so that a fork or a thread could fail there.
+	ExitPids = 1 << 8
+	// ExitMemory, the process runtime's: an uncaught MemoryError ended
+	// the code, which its memory limit (RLIMIT_DATA) refusing an
+	// allocation raises.
+	ExitMemory = 1 << 9
 )
 
 // def is one definition the C side shares: a marker, a frame type, a
@@ -273,6 +286,8 @@ var protocol = []def{
 	{"EXIT_FRAME_LEN", ExitFrameLen, "u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags"},
 	{"EXIT_SCRATCH", ExitScratch, "exit flag: the files under the work dir went past their bound"},
 	{"EXIT_CELL", ExitCell, "exit flag: a session's call ended, its interpreter lives on"},
+	{"EXIT_PIDS", ExitPids, "exit flag (process runtime): the code's process count reached its RLIMIT_NPROC"},
+	{"EXIT_MEMORY", ExitMemory, "exit flag (process runtime): an uncaught MemoryError ended the code"},
 	{"DRIVER_CTL_FD", DriverCtlFd, "the driver's frames to the init"},
 	{"DRIVER_CELL_FD", DriverCellFd, "the init's frames to the driver"},
 	{"D_OPTIONS", byte(DOptions), "to the driver: the first call's options, u32 OPT_ flags"},
@@ -281,6 +296,7 @@ var protocol = []def{
 	{"D_DONE", byte(DDone), "from the driver: a session's call ended, u32 exit status"},
 	{"D_READY", byte(DReady), "from a forked driver: it is confined and waits, u32 its pid"},
 	{"D_GO", byte(DGo), "to a forked driver: it is the call's and checked, the sandbox made"},
+	{"D_MEMORY", byte(DMemory), "from the driver: an uncaught MemoryError ended the call's code"},
 	{"OPT_PERSIST", OptPersist, "a session: the interpreter waits for the next call"},
 	{"OPT_LIVE", OptLive, "the output is watched: stdout line-buffered"},
 	{"H_CONFIG", byte(HConfig), "the init's configuration: CFG_ fields, first and once"},
@@ -323,6 +339,7 @@ var protocol = []def{
 	{"I_IDLE", byte(IIdle), "a session's call is over, all of it sent: the next may come"},
 	{"I_FORKED", byte(IForked), "from a template: the call's init is forked and in its cgroups, u32 pid"},
 	{"I_REAPED", byte(IReaped), "from a template: the call's init ended, u32 wait status"},
+	{"I_USAGE", byte(IUsage), "the process runtime's, before I_EXIT: u64 CPU ns, u64 peak memory bytes of the call's processes"},
 	{"ZYGOTE_FD", ZygoteFd, "the zygote's socket to its template's init"},
 	{"Z_FORK", byte(ZFork), "to the zygote: a fork request, as H_FORK's, with its fds"},
 	{"Z_READY", byte(ZReady), "from the zygote: it waits for forks"},

@@ -153,6 +153,11 @@ def _driver():
         except SystemExit:
             raise
         except BaseException as e:
+            if isinstance(e, MemoryError):
+                # Where the memory limit is an rlimit (the process
+                # runtime), it refuses an allocation rather than kill:
+                # the init reports the call as the limit's.
+                send(b"@D_MEMORY@", b"")
             # The traceback starts at the code: this frame is not its.
             tb = e.__traceback__.tb_next
             sys.excepthook(type(e), e.with_traceback(tb), tb)

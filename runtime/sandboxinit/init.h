@@ -88,6 +88,12 @@ struct config {
 	unsigned char *ca_bundle;
 	size_t ca_bundle_len;
 	char *ca_path;
+	// The process runtime's init in namespaces: the host paths it binds
+	// read-only into the call's own root (setup_namespaces).
+	struct strv root;
+	// The process runtime's share of processes for a call whose process
+	// limit counts a uid shared with others; 0: the count is the call's.
+	uint64_t pids_share;
 };
 
 // buffer is a growable byte queue.
@@ -138,6 +144,10 @@ struct scratch *scratch_open(const struct config *c);
 int scratch_fd(const struct scratch *s);
 int scratch_timeout(const struct scratch *s, int period_ms);
 int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap);
+int nproc_at_limit(const struct config *c);
+void usage_mark(const struct config *c, int later);
+void usage_sample(void);
+void usage_send(void);
 
 // init_relay.c
 struct relay;

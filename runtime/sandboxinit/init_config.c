@@ -130,6 +130,8 @@ static void field(struct config *c, unsigned key, const unsigned char *v, uint32
 		c->ca_bundle_len = n;
 		break;
 	case CFG_CA_PATH: c->ca_path = string(key, v, n); break;
+	case CFG_ROOT: push(&c->root, string(key, v, n)); break;
+	case CFG_PIDS_SHARE: c->pids_share = number(key, v, n); break;
 	default: bad("unknown key", key);
 	}
 }

@@ -24,6 +24,7 @@
 #include <sys/inotify.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -38,44 +39,181 @@
 #define AT_RECURSIVE 0x8000
 #endif
 #define ATTR_RDONLY 0x00000001ULL // MOUNT_ATTR_RDONLY
+#define ATTR_NOSUID 0x00000002ULL // MOUNT_ATTR_NOSUID
+#define ATTR_NODEV 0x00000004ULL  // MOUNT_ATTR_NODEV
 
 struct setattr {
 	uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
 
-// setup_namespaces makes the namespaces the process runtime's init starts
-// in — new pid, mount, network, IPC and UTS ones, and, under a server
-// that is not root, a user namespace that maps its uid to itself, made as
-// the server started it as their pid 1 — the call's, as bubblewrap does: the host's root stays the
-// root (the interpreter and the system's files are the host's), but no
-// mount event goes either way and every mount of it is read-only; a
-// fresh /proc shows only the call's processes, with the container's
-// masks; a fresh /sys shows only lo; a tmpfs of the /tmp size is the work
-// dir (a hard bound, files without a name included) and another holds
-// the script; the hostname is the sandbox's (where the outer seccomp
-// profile allows it) and lo is up. Then the init
-// gives up its capabilities: all those it had in the namespaces (what it
-// does from here, any process of the call's uid could), or, made by a
-// root server without a user namespace, all but a container's init's.
-void setup_namespaces(const struct config *c) {
-	// It ends the call with kill(-1), which only pid 1 of the call's own
-	// pid namespace may do.
-	if (getpid() != 1)
-		die_errno("the init is not pid 1 of a pid namespace of its own", EINVAL);
-	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-		die("making the call's mounts private");
-	struct setattr ro = {.attr_set = ATTR_RDONLY};
-	if (syscall(__NR_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &ro, sizeof ro) < 0)
-		die("making the host's files read-only in the call's mount namespace (mount_setattr, Linux 5.12)");
+static void set_attr(const char *path, unsigned flags, uint64_t attr) {
+	struct setattr a = {.attr_set = attr};
+	if (syscall(__NR_mount_setattr, AT_FDCWD, path, flags, &a, sizeof a) < 0) {
+		char what[PATH_MAX + 80];
+		snprintf(what, sizeof what, "making %s read-only in the call's root (mount_setattr, Linux 5.12)", path);
+		die(what);
+	}
+}
+
+// in_root is path as it lies under the new root, not yet pivoted into.
+static void in_root(char *buf, size_t cap, const char *root, const char *path) {
+	if ((size_t)snprintf(buf, cap, "%s%s", root, path) >= cap)
+		die_errno(path, ENAMETOOLONG);
+}
+
+// make_dirs makes every dir of path below the new root (root, itself made)
+// that is not there yet, 0755. It never goes through a symlink: the
+// runtime binds nothing below a path it binds, so a symlink on the way is
+// one it did not mean.
+static void make_dirs(const char *root, const char *path) {
+	char p[PATH_MAX];
+	in_root(p, sizeof p, root, path);
+	for (char *s = p + strlen(root) + 1;; s++) {
+		if (*s != '/' && *s != '\0')
+			continue;
+		char c = *s;
+		*s = '\0';
+		struct stat st;
+		if (mkdir(p, 0755) < 0 && (errno != EEXIST || lstat(p, &st) < 0 || !S_ISDIR(st.st_mode)))
+			die_errno(p, errno == EEXIST ? ENOTDIR : errno);
+		*s = c;
+		if (c == '\0')
+			return;
+	}
+}
+
+static char *parent_of_path(char *buf, size_t cap, const char *path) {
+	snprintf(buf, cap, "%s", path);
+	char *slash = strrchr(buf, '/');
+	if (slash == buf)
+		slash[1] = '\0';
+	else if (slash != NULL)
+		*slash = '\0';
+	return buf;
+}
+
+// bind_into binds a path of the host read-only at the same place below
+// the new root: a dir or file by a bind mount of it and everything below
+// it, nosuid and (but for a device node) nodev as well; a symlink made
+// again, with the same target, which then resolves in the new root. A
+// path the host does not have is left out, as Landlock's rules leave it.
+static void bind_into(const char *root, const char *path) {
+	struct stat st;
+	if (lstat(path, &st) < 0) {
+		if (errno == ENOENT)
+			return;
+		die(path);
+	}
+	char dst[PATH_MAX], parent[PATH_MAX];
+	in_root(dst, sizeof dst, root, path);
+	if (strcmp(path, "/") != 0)
+		make_dirs(root, parent_of_path(parent, sizeof parent, path));
+	if (S_ISLNK(st.st_mode)) {
+		char target[PATH_MAX];
+		ssize_t n = readlink(path, target, sizeof target - 1);
+		if (n < 0)
+			die(path);
+		target[n] = '\0';
+		if (symlink(target, dst) < 0)
+			die(dst);
+		return;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		if (mkdir(dst, 0755) < 0 && errno != EEXIST)
+			die(dst);
+	} else {
+		int fd = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+		if (fd < 0)
+			die(dst);
+		close(fd);
+	}
+	if (mount(path, dst, NULL, MS_BIND | MS_REC, NULL) < 0) {
+		char what[PATH_MAX + 64];
+		snprintf(what, sizeof what, "binding %s into the call's root", path);
+		die(what);
+	}
+	int dev = S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode);
+	set_attr(dst, AT_RECURSIVE, ATTR_RDONLY | ATTR_NOSUID | (dev ? 0 : ATTR_NODEV));
+}
+
+// new_root makes the call's own root on a tmpfs mounted on the work dir
+// (the init's, and no other process's, in this mount namespace): the
+// host's paths the runtime named, bound read-only; the fresh mounts
+// (/proc, /sys, the work dir's and the script dir's tmpfs) at their
+// places in it; /dev's links to /proc/self/fd, as a container's. Then it
+// pivots into it and lets the host's root go: no other file of the host,
+// no socket of /run, /tmp, /home or /var, and no line of the host's mount
+// table is there for the code. /proc is mounted before the pivot: a
+// user namespace may mount a fresh one only while a whole one is in
+// sight.
+static void new_root(const struct config *c) {
+	const char *root = c->workdir;
+	if (mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0)
+		die("mounting a tmpfs as the call's root");
+	for (int i = 0; i < c->root.n; i++)
+		bind_into(root, c->root.v[i]);
+	char dst[PATH_MAX];
 	for (int i = 0; i < c->nmounts; i++) {
 		const struct fmount *m = &c->mounts[i];
-		if (mount(m->source, m->target, m->type, m->flags, m->data) < 0) {
+		make_dirs(root, m->target);
+		in_root(dst, sizeof dst, root, m->target);
+		if (mount(m->source, dst, m->type, m->flags, m->data) < 0) {
 			char what[PATH_MAX + 64];
 			snprintf(what, sizeof what, "mounting a fresh %s on %s", m->type, m->target);
 			die(what);
 		}
 	}
+	static const char *const links[][2] = {
+		{"/dev/fd", "/proc/self/fd"}, {"/dev/stdin", "/proc/self/fd/0"},
+		{"/dev/stdout", "/proc/self/fd/1"}, {"/dev/stderr", "/proc/self/fd/2"},
+	};
+	in_root(dst, sizeof dst, root, "/dev");
+	struct stat st;
+	for (size_t i = 0; lstat(dst, &st) == 0 && i < sizeof links / sizeof links[0]; i++) {
+		char l[PATH_MAX];
+		in_root(l, sizeof l, root, links[i][0]);
+		if (symlink(links[i][1], l) < 0 && errno != EEXIST)
+			die(l);
+	}
+	if (chdir(root) < 0)
+		die("entering the call's root");
+	// The old root ends up stacked on the new one, at ".": detached, it is
+	// gone from this mount namespace.
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		die("pivoting into the call's root");
+	if (umount2(".", MNT_DETACH) < 0)
+		die("letting the host's root go");
+	if (chdir("/") < 0)
+		die("entering the call's root");
+}
+
+// setup_namespaces makes the namespaces the process runtime's init starts
+// in — new pid, mount, network, IPC and UTS ones, and, under a server
+// that is not root, a user namespace that maps its uid to itself, made as
+// the server started it as their pid 1 — the call's, as bubblewrap does:
+// a root of its own (new_root) holding, read-only, only what the
+// interpreter and its libraries need, a fresh /proc that shows only the
+// call's processes, with the container's masks, a fresh /sys that shows
+// only lo, a tmpfs of the /tmp size as the work dir (a hard bound, files
+// without a name included) and another holding the script; no mount
+// event goes either way. The hostname is the sandbox's (where the outer
+// seccomp profile allows it) and lo is up. Then the init gives up its
+// capabilities: all those it had in the namespaces (what it does from
+// here, any process of the call's uid could), or, made by a root server
+// without a user namespace, all but a container's init's.
+void setup_namespaces(const struct config *c) {
+	// It ends the call with kill(-1), which only pid 1 of the call's own
+	// pid namespace may do.
+	if (getpid() != 1)
+		die_errno("the init is not pid 1 of a pid namespace of its own", EINVAL);
+	if (c->root.n == 0)
+		die_errno("the configuration names nothing to bind into the call's root", EINVAL);
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		die("making the call's mounts private");
+	new_root(c);
 	fresh_proc_paths(c);
+	// Nothing is made in the root from here: it is read-only too.
+	set_attr("/", 0, ATTR_RDONLY | ATTR_NOSUID | ATTR_NODEV);
 	// A container engine's seccomp profile may refuse sethostname to a
 	// container without CAP_SYS_ADMIN (docker's and podman's do): the
 	// call's UTS namespace then keeps the name the server's container has,
@@ -83,8 +221,8 @@ void setup_namespaces(const struct config *c) {
 	if (c->hostname != NULL && sethostname(c->hostname, strlen(c->hostname)) < 0 && errno != EPERM)
 		die("setting the hostname");
 	loopback(c->loopback_mtu);
-	// The init started in the work dir the tmpfs now covers (the call's
-	// own: a root init may enter it only while it may override modes).
+	// The init's work dir is the tmpfs now (the call's own: a root init
+	// may enter it only while it may override modes).
 	if (chdir(c->workdir) < 0)
 		die("entering the work dir");
 	keep_caps(c->keep_caps);
@@ -185,19 +323,32 @@ static void add_rules(int ruleset, const struct strv *l, uint64_t rights, uint64
 
 // add_proc_rules grants rights on what of /proc is the machine's, not a
 // process's (every entry that is not a pid's dir or a link into one), and
-// on the calling process's own dir (its threads' are below it): the
-// code's main process sees itself, and no other process — not the
-// server, not another call, not its own children. Without a pid
-// namespace of its own, that is what keeps a call from reading the
-// command lines, and every other file, of the machine's processes.
+// on the calling process's own dir: the code's main process sees itself,
+// and no other process — not the server, not another call, not its own
+// children. Without a pid namespace of its own, that is what keeps a call
+// from reading the command lines, and every other file, of the machine's
+// processes. Of its own dir it reads every entry but net, which is the
+// machine's network namespace's (its TCP table lists the server's
+// listener and its clients' addresses), task, whose threads' dirs each
+// hold a net too, and the links (a rule on root would be one on /).
 static void add_proc_rules(int ruleset, uint64_t rights, uint64_t handled) {
 	char path[300];
 	snprintf(path, sizeof path, "/proc/%d", (int)getpid());
-	add_rule(ruleset, path, rights, handled);
+	DIR *self = opendir(path);
+	if (self == NULL)
+		die("listing the code's own /proc dir");
+	struct dirent *e;
+	while ((e = readdir(self)) != NULL) {
+		// A link (root, cwd, exe) would grant what it points to.
+		if (e->d_name[0] == '.' || e->d_type == DT_LNK || strcmp(e->d_name, "net") == 0 || strcmp(e->d_name, "task") == 0)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/%s", (int)getpid(), e->d_name);
+		add_rule(ruleset, path, rights, handled);
+	}
+	closedir(self);
 	DIR *d = opendir("/proc");
 	if (d == NULL)
 		die("listing /proc");
-	struct dirent *e;
 	while ((e = readdir(d)) != NULL) {
 		if (e->d_name[0] == '.' || (e->d_name[0] >= '0' && e->d_name[0] <= '9') || e->d_type == DT_LNK)
 			continue;
@@ -628,4 +779,231 @@ int scratch_over(struct scratch *s, int periodic, char *why, size_t whycap) {
 	else
 		return 0;
 	return 1;
+}
+
+// The process runtime's measures, which a container's cgroups make for
+// it: whether the code's process limit was reached, and what the call's
+// processes used.
+
+// nproc_limit is the code's RLIMIT_NPROC, as the configuration set it on
+// the init (and so on the code), or as the runtime lowered it since, as
+// the call was claimed; 0 when the configuration sets none.
+static uint64_t nproc_limit(const struct config *c) {
+	struct rlimit rl;
+	for (int i = 0; i < c->nrlimits; i++)
+		if (c->rlimits[i].resource == RLIMIT_NPROC)
+			return getrlimit(RLIMIT_NPROC, &rl) == 0 ? rl.rlim_cur : c->rlimits[i].soft;
+	return 0;
+}
+
+// status_field reads the first number after name in a /proc status file.
+static int status_field(const char *status, const char *name, unsigned long long *v) {
+	const char *p = strstr(status, name);
+	return p != NULL && sscanf(p + strlen(name), "%llu", v) == 1;
+}
+
+static ssize_t read_small(const char *path, char *buf, size_t cap) {
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = read(fd, buf, cap - 1);
+	close(fd);
+	if (n >= 0)
+		buf[n] = '\0';
+	return n;
+}
+
+static void walk_tree(pid_t root, void (*visit)(pid_t pid, void *arg), void *arg);
+
+// add_threads counts a process's tasks (threads).
+static void add_threads(pid_t pid, void *arg) {
+	char path[64], buf[4096];
+	unsigned long long threads;
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	if (read_small(path, buf, sizeof buf) > 0)
+		*(uint64_t *)arg += status_field(buf, "\nThreads:", &threads) ? threads : 1;
+}
+
+// nproc_at_limit says whether the count RLIMIT_NPROC keeps for the code's
+// uid — its tasks (threads), zombies included — has reached the limit, so
+// that a fork or a new thread fails there. The kernel counts per user in
+// each user namespace: in the call's own, its tasks (the init's with
+// them); under root, a uid of the call's own. Without either the uid is
+// the server's, and the count every task of it, other calls' included
+// (the runtime set the limit at their count as the call was claimed, and
+// the call's share above it): the call's own tasks, this init's among
+// them, reaching its share say it then, as the others' coming and going
+// moves the uid's count under it; and so does the uid's count reaching
+// the limit, which it may sooner where the uid's own limit left the call
+// less than its share.
+int nproc_at_limit(const struct config *c) {
+	if (c->pids_share > 0) {
+		uint64_t own = 1;
+		walk_tree(getpid(), add_threads, &own);
+		if (own >= c->pids_share)
+			return 1;
+	}
+	uint64_t lim = nproc_limit(c);
+	if (lim == 0)
+		return 0;
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		return 0;
+	uint64_t n = 0;
+	struct dirent *e;
+	char path[300], buf[4096];
+	while ((e = readdir(d)) != NULL && n < lim) {
+		if (!is_pid(e->d_name))
+			continue;
+		snprintf(path, sizeof path, "/proc/%s/status", e->d_name);
+		unsigned long long uid, threads;
+		if (read_small(path, buf, sizeof buf) <= 0 || !status_field(buf, "\nUid:", &uid) || uid != c->uid)
+			continue;
+		n += status_field(buf, "\nThreads:", &threads) ? threads : 1;
+	}
+	closedir(d);
+	return n >= lim;
+}
+
+// usage is what the call's processes used: CPU time and the peak resident
+// memory of the largest of them.
+struct usage {
+	uint64_t cpu_ns, peak, reaped_peak;
+};
+
+// The call's measures so far: what its processes had used as its code
+// started, and the largest peak seen since (usage_sample).
+static struct usage usage_base;
+static uint64_t usage_peak;
+
+// walk_tree calls visit for every process below root (zombies too), as
+// this init's /proc shows them.
+static void walk_tree(pid_t root, void (*visit)(pid_t pid, void *arg), void *arg) {
+	DIR *d = opendir("/proc");
+	if (d == NULL)
+		return;
+	// Parents of every process, to walk the tree below root.
+	int cap = 256, n = 0;
+	struct proc_parent {
+		pid_t pid, parent;
+		int below;
+	} *pp = malloc((size_t)cap * sizeof *pp);
+	struct dirent *e;
+	while (pp != NULL && (e = readdir(d)) != NULL) {
+		if (!is_pid(e->d_name))
+			continue;
+		pid_t parent = parent_of(e->d_name);
+		if (parent < 0)
+			continue;
+		if (n == cap) {
+			cap *= 2;
+			void *np = realloc(pp, (size_t)cap * sizeof *pp);
+			if (np == NULL)
+				break;
+			pp = np;
+		}
+		pp[n++] = (struct proc_parent){(pid_t)atoi(e->d_name), parent, 0};
+	}
+	closedir(d);
+	// A process is below root when its parent is root or below it:
+	// walked until no more are found.
+	for (int changed = 1; changed && pp != NULL;) {
+		changed = 0;
+		for (int i = 0; i < n; i++) {
+			if (pp[i].below)
+				continue;
+			int below = pp[i].parent == root;
+			for (int j = 0; !below && j < n; j++)
+				below = pp[j].below && pp[j].pid == pp[i].parent;
+			if (below) {
+				pp[i].below = changed = 1;
+				visit(pp[i].pid, arg);
+			}
+		}
+	}
+	free(pp);
+}
+
+static void clear_peak(pid_t pid, void *arg) {
+	(void)arg;
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/clear_refs", (int)pid);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)!write(fd, "5", 1);
+		close(fd);
+	}
+}
+
+// add_usage adds a process's CPU time and that of the children it reaped,
+// and takes its peak resident set (VmHWM) if it is the largest.
+static void add_usage(pid_t pid, void *arg) {
+	struct usage *u = arg;
+	char path[64], buf[4096], *rp;
+	long hz = sysconf(_SC_CLK_TCK);
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	unsigned long long ut, st, cut, cst, hwm;
+	if (read_small(path, buf, sizeof buf) > 0 && (rp = strrchr(buf, ')')) != NULL &&
+	    sscanf(rp + 2, "%*c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu %llu %llu %llu", &ut, &st, &cut, &cst) == 4 && hz > 0)
+		u->cpu_ns += (ut + st + cut + cst) * (1000000000ULL / (unsigned long long)hz);
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	if (read_small(path, buf, sizeof buf) > 0 && status_field(buf, "\nVmHWM:", &hwm) && hwm * 1024 > u->peak)
+		u->peak = hwm * 1024;
+}
+
+// tree_usage is what the processes below root used (add_usage), and what
+// this init's reaped children did (RUSAGE_CHILDREN).
+static struct usage tree_usage(pid_t root) {
+	struct usage u = {0};
+	walk_tree(root, add_usage, &u);
+	struct rusage ru;
+	if (getrusage(RUSAGE_CHILDREN, &ru) == 0) {
+		u.cpu_ns += ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000ULL +
+			    ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ULL;
+		u.reaped_peak = (uint64_t)ru.ru_maxrss * 1024;
+	}
+	return u;
+}
+
+// reset_peaks clears the peaks of the processes below the init, as the
+// code's user: only the owner of a process may.
+static int reset_peaks(const struct config *c, void *init) {
+	(void)c;
+	walk_tree(*(pid_t *)init, clear_peak, NULL);
+	return 0;
+}
+
+// usage_mark notes, as a call's code starts, what the call's processes
+// had used: a call is told only its own. A session's later call starts
+// from its live processes' peaks cleared, as the code's user (a root
+// init in namespaces keeps no capability that would let it).
+void usage_mark(const struct config *c, int later) {
+	pid_t self = getpid();
+	if (later)
+		as_user(c, reset_peaks, &self);
+	usage_base = tree_usage(self);
+	usage_peak = 0;
+}
+
+// usage_sample takes the largest peak of the call's live processes: one
+// that a process of the code reaps itself is seen no other way.
+void usage_sample(void) {
+	struct usage u = tree_usage(getpid());
+	if (u.peak > usage_peak)
+		usage_peak = u.peak;
+}
+
+// usage_send reports what the call used since usage_mark (I_USAGE), just
+// before its verdict: CPU time, to a clock tick; the peak is the largest
+// single process's resident set, as last seen or sampled, or, of those
+// this init reaped, as far as one passed the earlier calls' largest.
+void usage_send(void) {
+	struct usage u = tree_usage(getpid());
+	uint64_t peak = u.peak > usage_peak ? u.peak : usage_peak;
+	if (u.reaped_peak > usage_base.reaped_peak && u.reaped_peak > peak)
+		peak = u.reaped_peak;
+	unsigned char p[16];
+	put_u64(p, u.cpu_ns > usage_base.cpu_ns ? u.cpu_ns - usage_base.cpu_ns : 0);
+	put_u64(p + 8, peak);
+	frame(I_USAGE, p, sizeof p);
 }

@@ -35,6 +35,9 @@
 // How often the process runtime's scratch bound is measured when nothing
 // told it of a change (a watch the kernel would not add).
 #define SCRATCH_POLL_MS 250
+// How often the process runtime's init looks at the count of the code's
+// process limit at most.
+#define NPROC_POLL_MS 250
 
 // The interpreter's life, as the init sees it.
 enum phase {
@@ -472,6 +475,8 @@ static void started(struct init *in) {
 	}
 	in->phase = RUNNING;
 	clock_gettime(CLOCK_MONOTONIC, &in->t_started);
+	if (in->c.process_mode)
+		usage_mark(&in->c, in->calls > 0);
 	frame(I_STARTED, NULL, 0);
 }
 
@@ -574,6 +579,28 @@ static int drain(struct stream *s, uint64_t cap, int keep) {
 static void on_stdout(struct init *in, short revents) { (void)revents; drain(&in->out, in->c.max_output, in->phase != IDLE); }
 static void on_stderr(struct init *in, short revents) { (void)revents; drain(&in->err, in->c.max_output, in->phase != IDLE); }
 
+// sample_usage looks, in the process runtime, at what a cgroup would have
+// counted: whether the count the code's process limit counts has reached
+// it, so that a fork or a thread may have failed there (EXIT_PIDS), and
+// the peak memory of the call's processes. At most every NPROC_POLL_MS
+// while the code runs, and as its main process ends: a burst of threads
+// that fails and is gone between two looks goes unseen, as does the peak
+// of a child the code reaps within one.
+static void sample_usage(struct init *in, int now_anyway) {
+	static struct timespec next;
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	if (!in->c.process_mode || (!now_anyway && (now.tv_sec < next.tv_sec || (now.tv_sec == next.tv_sec && now.tv_nsec < next.tv_nsec))))
+		return;
+	next = now;
+	next.tv_nsec += NPROC_POLL_MS * 1000000L;
+	next.tv_sec += next.tv_nsec / 1000000000L;
+	next.tv_nsec %= 1000000000L;
+	if (!(in->exit_flags & EXIT_PIDS) && nproc_at_limit(&in->c))
+		in->exit_flags |= EXIT_PIDS;
+	usage_sample();
+}
+
 // on_signal reaps; the end of the code's main process ends the rest of
 // it. In the process runtime each death after that may hand the init more
 // orphans (the children of what it just killed), which are killed in turn.
@@ -584,6 +611,12 @@ static void on_signal(struct init *in, short revents) {
 		if (si.ssi_signo == SIGTERM)
 			host_gone(in); // the process runtime's parent-death signal
 	}
+	// What the main process leaves is sampled before it is reaped, while
+	// the count of its process limit still counts it.
+	siginfo_t exited = {0};
+	if (in->phase != EXITED && in->child > 0 && waitid(P_PID, (id_t)in->child, &exited, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+	    exited.si_pid == in->child)
+		sample_usage(in, 1);
 	int reaped = 0;
 	for (;;) {
 		int st;
@@ -630,6 +663,7 @@ static void end_call(struct init *in, uint32_t status);
 
 static void cell_done(struct init *in, uint32_t status) {
 	clock_gettime(CLOCK_MONOTONIC, &in->t_exited);
+	sample_usage(in, 1);
 	for (int i = 0; i < 32 && !in->out.eof && drain(&in->out, in->c.max_output, 1); i++)
 		;
 	for (int i = 0; i < 32 && !in->err.eof && drain(&in->err, in->c.max_output, 1); i++)
@@ -729,6 +763,12 @@ static void driver_frame(struct init *in, char type, const unsigned char *p, uin
 		if (in->persist && in->phase == RUNNING && len == 4)
 			cell_done(in, get_u32(p));
 		break;
+	case D_MEMORY:
+		// The process runtime's memory limit is an rlimit: it refuses an
+		// allocation rather than kill.
+		if (in->c.process_mode && (in->phase == RUNNING || in->phase == EXITED))
+			in->exit_flags |= EXIT_MEMORY;
+		break;
 	}
 }
 
@@ -753,7 +793,7 @@ static void on_ctl(struct init *in, short revents) {
 	while (in->ctl >= 0 && buf_pending(&in->ctlbuf) >= 5) {
 		unsigned char *f = in->ctlbuf.p + in->ctlbuf.off;
 		uint32_t len = get_u32(f + 1);
-		if (len > MAX_FRAME || (f[0] != D_VALUE && f[0] != D_DONE && f[0] != D_READY)) {
+		if (len > MAX_FRAME || (f[0] != D_VALUE && f[0] != D_DONE && f[0] != D_READY && f[0] != D_MEMORY)) {
 			close_ctl(in);
 			return;
 		}
@@ -835,13 +875,19 @@ static void serve(struct init *in) {
 		for (int i = 0; i < n; i++)
 			p[i] = (struct pollfd){.fd = src[i].fd, .events = src[i].events};
 		int timeout = in->scratch != NULL && in->phase == RUNNING ? scratch_timeout(in->scratch, SCRATCH_POLL_MS) : -1;
+		if (in->c.process_mode && in->phase == RUNNING && (timeout < 0 || timeout > NPROC_POLL_MS))
+			timeout = NPROC_POLL_MS;
 		int r = poll(p, (nfds_t)n, timeout);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
 			die("poll");
-		if (r == 0)
-			measure_scratch(in, 1);
+		if (r == 0) {
+			if (in->scratch != NULL)
+				measure_scratch(in, 1);
+			if (in->phase == RUNNING)
+				sample_usage(in, 0);
+		}
 		for (int i = 0; i < n; i++) {
 			if (p[i].revents & POLLNVAL)
 				die_errno("polling a descriptor that is not open", EBADF);
@@ -878,6 +924,8 @@ static void send_exit(struct init *in) {
 		ran = (int64_t)(in->t_exited.tv_sec - in->t_started.tv_sec) * 1000000000 + (in->t_exited.tv_nsec - in->t_started.tv_nsec);
 	put_u64(x + 20, ran > 0 ? (uint64_t)ran : 0);
 	put_u32(x + 28, in->exit_flags);
+	if (in->c.process_mode)
+		usage_send();
 	frame(I_EXIT, x, sizeof x);
 }
 

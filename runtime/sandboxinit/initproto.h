@@ -13,6 +13,8 @@
 #define EXIT_FRAME_LEN       32                     // u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags
 #define EXIT_SCRATCH         1                      // exit flag: the files under the work dir went past their bound
 #define EXIT_CELL            2                      // exit flag: a session's call ended, its interpreter lives on
+#define EXIT_PIDS            256                    // exit flag (process runtime): the code's process count reached its RLIMIT_NPROC
+#define EXIT_MEMORY          512                    // exit flag (process runtime): an uncaught MemoryError ended the code
 #define DRIVER_CTL_FD        3                      // the driver's frames to the init
 #define DRIVER_CELL_FD       4                      // the init's frames to the driver
 #define D_OPTIONS            'o'                    // to the driver: the first call's options, u32 OPT_ flags
@@ -21,6 +23,7 @@
 #define D_DONE               'd'                    // from the driver: a session's call ended, u32 exit status
 #define D_READY              'r'                    // from a forked driver: it is confined and waits, u32 its pid
 #define D_GO                 'g'                    // to a forked driver: it is the call's and checked, the sandbox made
+#define D_MEMORY             'm'                    // from the driver: an uncaught MemoryError ended the call's code
 #define OPT_PERSIST          1                      // a session: the interpreter waits for the next call
 #define OPT_LIVE             2                      // the output is watched: stdout line-buffered
 #define H_CONFIG             'G'                    // the init's configuration: CFG_ fields, first and once
@@ -63,6 +66,7 @@
 #define I_IDLE               'Z'                    // a session's call is over, all of it sent: the next may come
 #define I_FORKED             'U'                    // from a template: the call's init is forked and in its cgroups, u32 pid
 #define I_REAPED             'A'                    // from a template: the call's init ended, u32 wait status
+#define I_USAGE              'u'                    // the process runtime's, before I_EXIT: u64 CPU ns, u64 peak memory bytes of the call's processes
 #define ZYGOTE_FD            3                      // the zygote's socket to its template's init
 #define Z_FORK               'k'                    // to the zygote: a fork request, as H_FORK's, with its fds
 #define Z_READY              'r'                    // from the zygote: it waits for forks
@@ -99,6 +103,8 @@
 #define CFG_KEEP_CAPS        25                     // number: the capabilities a forked sandbox's init keeps after its setup
 #define CFG_NAMESPACES       26                     // number: 1: the process runtime's init makes the namespaces it starts in the call's
 #define CFG_PROC_SELF        27                     // number: 1: of /proc the code reads only the machine's entries and its own process
+#define CFG_ROOT             28                     // string, each: a host path bound read-only at its place into the call's own root (the process runtime's)
+#define CFG_PIDS_SHARE       29                     // number: the call's share of processes, its RLIMIT_NPROC counting a uid shared with others
 #define CFG_RELAY_PORT       40                     // number: the egress relay's port on the sandbox's 127.0.0.1
 #define CFG_CA_BUNDLE        41                     // bytes: the CA certificates the code trusts, written read-only at CFG_CA_PATH
 #define CFG_CA_PATH          42                     // string: where the init writes CFG_CA_BUNDLE
