@@ -445,6 +445,8 @@ type runOpts struct {
 	stdin     []byte
 	timeout   time.Duration
 	maxOutput int64
+	cpuLimit  time.Duration
+	live      *runtime.Live
 	ctx       context.Context
 }
 
@@ -456,7 +458,8 @@ func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, erro
 	for _, f := range opts {
 		f(&o)
 	}
-	req := runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files, Timeout: o.timeout, MaxOutputBytes: o.maxOutput}
+	req := runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files, Timeout: o.timeout, MaxOutputBytes: o.maxOutput,
+		CPULimit: o.cpuLimit, Live: o.live}
 	if h.session {
 		return h.runInSession(o.ctx, req)
 	}
@@ -550,6 +553,8 @@ func withFiles(f ...runtime.File) func(*runOpts)     { return func(o *runOpts) {
 func withTimeout(d time.Duration) func(*runOpts)     { return func(o *runOpts) { o.timeout = d } }
 func withMaxOutput(n int64) func(*runOpts)           { return func(o *runOpts) { o.maxOutput = n } }
 func withContext(ctx context.Context) func(*runOpts) { return func(o *runOpts) { o.ctx = ctx } }
+func withCPULimit(d time.Duration) func(*runOpts)    { return func(o *runOpts) { o.cpuLimit = d } }
+func withLive(l *runtime.Live) func(*runOpts)        { return func(o *runOpts) { o.live = l } }
 
 // assertClean checks that the call left no bundle, container state,
 // cgroup, mount or process.

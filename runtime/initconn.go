@@ -41,7 +41,7 @@ type event struct {
 
 // callOutput is what the init sent of one call besides its verdict.
 type callOutput struct {
-	stdout, stderr *cappedBuffer
+	stdout, stderr *streamBuffer
 	files          []File
 	skipped        bool
 	leftOut        []LeftOut
@@ -50,7 +50,7 @@ type callOutput struct {
 }
 
 func newCallOutput() callOutput {
-	return callOutput{stdout: newCappedBuffer(initproto.MaxFrame), stderr: newCappedBuffer(initproto.MaxFrame)}
+	return callOutput{stdout: newStreamBuffer(initproto.MaxFrame), stderr: newStreamBuffer(initproto.MaxFrame)}
 }
 
 // initConn is the conversation with one sandbox's init (not an MCP
@@ -109,7 +109,11 @@ func (s *initConn) read(from *os.File) {
 		}
 		switch head[0] {
 		case initproto.IStdout, initproto.IStderr:
-			s.output(head[0], payload)
+			s.output(head[0], -1, payload)
+		case initproto.ITail:
+			if n >= 9 && (payload[0] == initproto.IStdout || payload[0] == initproto.IStderr) {
+				s.output(payload[0], int64(binary.BigEndian.Uint64(payload[1:])), payload[9:])
+			}
 		case initproto.IOutFile:
 			f, err := decodeFile(payload, true)
 			if err != nil {
@@ -160,15 +164,20 @@ func (s *initConn) read(from *os.File) {
 	}
 }
 
-// output keeps a chunk of the call's stdout or stderr, and shows it to
-// whoever watches the call.
-func (s *initConn) output(typ byte, p []byte) {
+// output keeps a chunk of the call's stdout or stderr — of its head
+// (off < 0), or from off on past it — and shows it to whoever watches the
+// call.
+func (s *initConn) output(typ byte, off int64, p []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if typ == initproto.IStdout {
-		s.out.stdout.Write(p)
+	b := s.out.stdout
+	if typ == initproto.IStderr {
+		b = s.out.stderr
+	}
+	if off < 0 {
+		b.writeHead(p)
 	} else {
-		s.out.stderr.Write(p)
+		b.writePast(off, p)
 	}
 	if s.live != nil {
 		s.live.write(typ == initproto.IStderr, p)
@@ -289,7 +298,7 @@ func (s *initConn) send(req Request) {
 			p = p[n:]
 		}
 		writeFrame(w, initproto.HStdinEnd)
-		writeFrame(w, initproto.HCPU, []byte(strconv.FormatInt(int64(math.Ceil(req.Timeout.Seconds())), 10)))
+		writeFrame(w, initproto.HCPU, []byte(strconv.FormatInt(cpuSeconds(req), 10)))
 		if req.Persistent {
 			writeFrame(w, initproto.HPersist)
 		}
@@ -299,6 +308,17 @@ func (s *initConn) send(req Request) {
 		writeFrame(w, initproto.HCode, req.Code)
 		w.Flush()
 	}()
+}
+
+// cpuSeconds is the call's RLIMIT_CPU in the process runtime, which has
+// no cgroup to measure: its CPU limit, else its timeout, in whole seconds
+// rounded up.
+func cpuSeconds(req Request) int64 {
+	limit := req.CPULimit
+	if limit == 0 {
+		limit = req.Timeout
+	}
+	return int64(math.Ceil(limit.Seconds()))
 }
 
 // forkRequest sends a template's init a fork with the call's descriptors,
@@ -378,10 +398,11 @@ func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error 
 // failed, for the operator's log.
 func (s *initConn) failure() string {
 	s.mu.Lock()
-	out := s.out
+	stderr, stdout := s.out.stderr.bytes(), s.out.stdout.bytes()
 	s.mu.Unlock()
-	for _, b := range []*cappedBuffer{s.diag, out.stderr, out.stdout} {
-		if msg, _, _ := b.result(); len(msg) > 0 {
+	diag, _, _ := s.diag.result()
+	for _, msg := range [][]byte{diag, stderr, stdout} {
+		if len(msg) > 0 {
 			return lastLines(msg, 5)
 		}
 	}

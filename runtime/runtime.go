@@ -68,6 +68,14 @@ type Request struct {
 	// starts; when it passes every process of the container is killed. It
 	// must be > 0.
 	Timeout time.Duration
+	// CPULimit, when not 0, is the CPU time the code may use, all its
+	// processes together, counted from when it starts: the supervision
+	// reads the call's cgroup and stops the code there (a session's is
+	// interrupted first, as at its timeout). The process runtime, which
+	// has no cgroup, bounds each process of the code by RLIMIT_CPU in
+	// whole seconds instead. 0: the timeout alone bounds it (the process
+	// runtime's RLIMIT_CPU is then the timeout's seconds).
+	CPULimit time.Duration
 	// MaxOutputBytes caps each of stdout and stderr, and the last
 	// expression's repr. It must be > 0, and the sandbox's own cap
 	// (bundle.Config) bounds it too.
@@ -97,6 +105,9 @@ func (r Request) Validate() error {
 	}
 	if r.Timeout <= 0 {
 		return fmt.Errorf("timeout must be > 0, got %v", r.Timeout)
+	}
+	if r.CPULimit < 0 {
+		return fmt.Errorf("CPU limit must be ≥ 0, got %v", r.CPULimit)
 	}
 	if r.MaxOutputBytes <= 0 {
 		return fmt.Errorf("output cap must be > 0, got %d", r.MaxOutputBytes)
@@ -135,10 +146,14 @@ func CheckRelPath(p string) error {
 
 // Result is the verdict of one run.
 type Result struct {
+	// Stdout and Stderr are what the program wrote, each within the
+	// request's cap: past it, its first and last parts (half each)
+	// around a line saying how many bytes were left out between them
+	// (StdoutTruncated, StderrTruncated).
 	Stdout, Stderr                   []byte
 	StdoutTruncated, StderrTruncated bool
 	// StdoutBytes and StderrBytes count everything the program wrote,
-	// including what was dropped past the cap.
+	// including what was left out.
 	StdoutBytes, StderrBytes int64
 	// ExitCode is the exit status, or 128+N when a signal N ended it.
 	ExitCode int
@@ -147,6 +162,9 @@ type Result struct {
 	Signal int
 	// TimedOut: the wall-clock limit was hit and the container killed.
 	TimedOut bool
+	// CPULimited: the request's CPU limit ended the run (and not its
+	// timeout, nor the code on its own).
+	CPULimited bool
 	// OOMKilled: the memory limit killed a process of the container.
 	OOMKilled bool
 	// SocketsKilled: the container was killed because its socket buffers
@@ -226,6 +244,10 @@ const (
 	EndOOM EndReason = "oom"
 	// EndExited: the interpreter ended (sys.exit, os._exit, a crash).
 	EndExited EndReason = "exited"
+	// EndCPU: the code was still running a moment after the interrupt of
+	// its CPU limit, or its RLIMIT_CPU ended the interpreter (the process
+	// runtime), and the sandbox was killed.
+	EndCPU EndReason = "cpu_limit"
 )
 
 // The two failures a caller tells apart. Neither is the code's own: what

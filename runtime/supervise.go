@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	goruntime "runtime"
 	"syscall"
 	"time"
 
@@ -26,6 +27,12 @@ const (
 	// KeyboardInterrupt of its timeout, to stop before its sandbox is
 	// killed.
 	interruptGrace = time.Second
+	// cpuPollMin and cpuPollMax bound how long the supervision waits
+	// between two reads of a call's CPU time, under a CPU limit: the
+	// soonest the limit can be reached, were every CPU of the host
+	// the call's, within these.
+	cpuPollMin = 2 * time.Millisecond
+	cpuPollMax = 100 * time.Millisecond
 )
 
 // supervisionTimer can be turned off by a test, to play a server whose own
@@ -89,6 +96,7 @@ type call struct {
 	cpu1      time.Duration
 	timer     <-chan time.Time // the timeout, from the start
 	stopTimer func()
+	cpuCheck  <-chan time.Time // the next read of the CPU time, under a CPU limit
 	grace     <-chan time.Time // the kill after a stop
 	idle      bool             // a session's call is over; its sandbox waits for the next
 	ended     bool             // the init's stdout ended, or it said it is done or idle
@@ -115,6 +123,8 @@ func (k *call) serve() {
 			k.onFrame(ev)
 		case <-k.timer:
 			k.onTimer()
+		case <-k.cpuCheck:
+			k.onCPUCheck()
 		case <-k.grace:
 			k.onGrace()
 		case <-k.ctx.Done():
@@ -171,6 +181,34 @@ func (k *call) onStarted(ev event) {
 		k.timer, k.stopTimer = t.C, func() { t.Stop() }
 	}
 	k.c.deadline(k.start.Add(k.req.Timeout + watchdogGrace))
+	if k.req.CPULimit > 0 {
+		k.nextCPUCheck(0)
+	}
+}
+
+// nextCPUCheck waits, before reading the call's CPU time again, for the
+// least time the rest of its limit can take: the host's every CPU busy
+// with it.
+func (k *call) nextCPUCheck(used time.Duration) {
+	wait := (k.req.CPULimit - used) / time.Duration(goruntime.NumCPU())
+	k.cpuCheck = time.After(min(max(wait, cpuPollMin), cpuPollMax))
+}
+
+// onCPUCheck: the code has used its CPU time, as the host's kernel
+// accounts it to the call's cgroup, or not yet. At its limit it is
+// stopped as at a timeout (a session's interrupted first), and only its
+// CPU limit is said to have ended it.
+func (k *call) onCPUCheck() {
+	used := k.c.cpu() - k.cpu0
+	if used < k.req.CPULimit {
+		k.nextCPUCheck(used)
+		return
+	}
+	k.cpuCheck = nil
+	k.res.CPULimited = true
+	k.stopTimer()
+	k.timer = nil
+	k.stop()
 }
 
 // onExit: the code is over; the init exports its files.
@@ -180,14 +218,14 @@ func (k *call) onExit(ev event) {
 	k.res.Duration = ev.ran
 	k.cpu1 = k.c.cpu()
 	k.stopTimer()
-	k.timer = nil
+	k.timer, k.cpuCheck = nil, nil
 	k.grace = time.After(exportTimeout)
 	k.c.deadline(time.Now().Add(exportTimeout + time.Second))
 }
 
 func (k *call) onTimer() {
 	k.res.TimedOut = true
-	k.timer = nil
+	k.timer, k.cpuCheck = nil, nil
 	k.stop()
 }
 
@@ -242,10 +280,15 @@ func (k *call) collect() {
 // container's measures, and how the code ended.
 func (k *call) result() (Result, bool, error) {
 	res, req, out := &k.res, k.req, k.out
-	res.Stdout, res.StdoutTruncated, res.StdoutBytes = out.stdout.result()
-	res.Stderr, res.StderrTruncated, res.StderrBytes = out.stderr.result()
-	res.Stdout, res.Stderr = capped(res.Stdout, req.MaxOutputBytes, &res.StdoutTruncated), capped(res.Stderr, req.MaxOutputBytes, &res.StderrTruncated)
-	res.Stderr = withNotes(res.Stderr, out.notes, req.MaxOutputBytes, &res.StderrTruncated)
+	// The init counted everything; it sent only what fits the cap.
+	res.StdoutBytes, res.StderrBytes = out.stdout.seen, out.stderr.seen
+	if ev := k.exit; ev != nil {
+		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, ev.outTotal), max(res.StderrBytes, ev.errTotal)
+	}
+	notes := notesText(out.stderr, out.notes, req.MaxOutputBytes)
+	res.Stdout, res.StdoutTruncated = out.stdout.result(req.MaxOutputBytes, res.StdoutBytes)
+	res.Stderr, res.StderrTruncated = out.stderr.result(req.MaxOutputBytes-int64(len(notes)), res.StderrBytes)
+	res.Stderr = append(res.Stderr[:len(res.Stderr):len(res.Stderr)], notes...)
 	res.Files, res.FilesTruncated, res.FilesLeftOut = out.files, out.skipped, out.leftOut
 	res.Value = capped(out.value, req.MaxOutputBytes, &res.ValueTruncated)
 	killedForSockets := res.SocketsKilled
@@ -284,10 +327,16 @@ func (k *call) ending() {
 		if ws.Signaled() {
 			res.Signal = int(ws.Signal())
 		}
-		// The init counted everything; it sent only what fits the cap.
-		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, ev.outTotal), max(res.StderrBytes, ev.errTotal)
-		res.StdoutTruncated = res.StdoutTruncated || ev.outTotal > int64(len(res.Stdout))
-		res.StderrTruncated = res.StderrTruncated || ev.errTotal > int64(len(res.Stderr))
+		// The CPU limit ended the run when the code did not end on its
+		// own first: a fresh call's was killed, a session's call
+		// interrupted (or killed); or its own RLIMIT_CPU ended it (the
+		// process runtime).
+		if res.CPULimited && (ws.Exited() && ev.flags&initproto.ExitCell == 0 || ev.flags&initproto.ExitCell != 0 && ws.ExitStatus() == 0) {
+			res.CPULimited = false
+		}
+		if ev.flags&initproto.ExitCPU != 0 {
+			res.CPULimited = true
+		}
 		return
 	}
 	// The init died with the code running: the memory limit's OOM killer,
@@ -308,15 +357,15 @@ func (req Request) phases(start, exited time.Time) {
 	req.Phases.span(PhaseCollect, exited, now)
 }
 
-// withNotes ends stderr with the init's notes for the caller, each on a
-// line of its own, within the cap: what the code wrote makes room for
-// them, as they say why its run ended as it did.
-func withNotes(stderr []byte, notes []string, max int64, truncated *bool) []byte {
+// notesText is the init's notes for the caller, each on a line of its
+// own, to end stderr with, within the cap: what the code wrote makes
+// room for them, as they say why its run ended as it did.
+func notesText(stderr *streamBuffer, notes []string, max int64) []byte {
 	if len(notes) == 0 {
-		return stderr
+		return nil
 	}
 	var add []byte
-	if len(stderr) > 0 && stderr[len(stderr)-1] != '\n' {
+	if p := stderr.bytes(); len(p) > 0 && p[len(p)-1] != '\n' {
 		add = append(add, '\n')
 	}
 	for _, n := range notes {
@@ -325,10 +374,7 @@ func withNotes(stderr []byte, notes []string, max int64, truncated *bool) []byte
 	if int64(len(add)) > max {
 		add = add[:max]
 	}
-	if keep := max - int64(len(add)); int64(len(stderr)) > keep {
-		stderr, *truncated = stderr[:keep], true
-	}
-	return append(stderr[:len(stderr):len(stderr)], add...)
+	return add
 }
 
 // capped keeps at most n bytes of b.
