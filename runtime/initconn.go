@@ -310,15 +310,16 @@ func (s *initConn) send(req Request) {
 	}()
 }
 
-// cpuSeconds is the call's RLIMIT_CPU in the process runtime, which has
-// no cgroup to measure: its CPU limit, else its timeout, in whole seconds
-// rounded up.
+// cpuSeconds is the call's RLIMIT_CPU in the process runtime, in whole
+// seconds rounded up: a second past its CPU limit, where the supervision
+// stops it first (the limit is of all its processes together, as the
+// tree's CPU time measures it), so that each process is bounded still
+// should the measure fail; without a CPU limit, its timeout.
 func cpuSeconds(req Request) int64 {
-	limit := req.CPULimit
-	if limit == 0 {
-		limit = req.Timeout
+	if req.CPULimit > 0 {
+		return int64(math.Ceil(req.CPULimit.Seconds())) + 1
 	}
-	return int64(math.Ceil(limit.Seconds()))
+	return int64(math.Ceil(req.Timeout.Seconds()))
 }
 
 // forkRequest sends a template's init a fork with the call's descriptors,

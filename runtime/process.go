@@ -425,10 +425,10 @@ func (pc *procContainer) kill() {
 	}
 }
 
-// verdict: without a cgroup there is no OOM counter or accounting; the
-// init's rlimits turn memory exhaustion into MemoryError.
+// verdict: without a cgroup there is no OOM counter; the init's rlimits
+// turn memory exhaustion into MemoryError. (Its CPU time is measured
+// over its process tree: process_cpu.go.)
 func (pc *procContainer) verdict(*Result)               {}
-func (pc *procContainer) cpu() time.Duration            { return 0 }
 func (pc *procContainer) sockets() (int64, int64, bool) { return 0, 0, false }
 
 // foreground: no cgroup, no weight; a prepared process waits idle.

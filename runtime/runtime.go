@@ -70,11 +70,9 @@ type Request struct {
 	Timeout time.Duration
 	// CPULimit, when not 0, is the CPU time the code may use, all its
 	// processes together, counted from when it starts: the supervision
-	// reads the call's cgroup and stops the code there (a session's is
-	// interrupted first, as at its timeout). The process runtime, which
-	// has no cgroup, bounds each process of the code by RLIMIT_CPU in
-	// whole seconds instead. 0: the timeout alone bounds it (the process
-	// runtime's RLIMIT_CPU is then the timeout's seconds).
+	// reads it (the call's cgroup; in the process runtime, its process
+	// tree) and stops the code there, as at a timeout (a session's is
+	// interrupted first). 0: the timeout alone bounds it.
 	CPULimit time.Duration
 	// MaxOutputBytes caps each of stdout and stderr, and the last
 	// expression's repr. It must be > 0, and the sandbox's own cap

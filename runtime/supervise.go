@@ -327,15 +327,11 @@ func (k *call) ending() {
 		if ws.Signaled() {
 			res.Signal = int(ws.Signal())
 		}
-		// The CPU limit ended the run when the code did not end on its
-		// own first: a fresh call's was killed, a session's call
-		// interrupted (or killed); or its own RLIMIT_CPU ended it (the
-		// process runtime).
-		if res.CPULimited && (ws.Exited() && ev.flags&initproto.ExitCell == 0 || ev.flags&initproto.ExitCell != 0 && ws.ExitStatus() == 0) {
+		// The CPU limit ended the run unless the code ended on its own
+		// first: a fresh call's exited rather than being killed, a
+		// session's call ended well rather than being interrupted.
+		if cell := ev.flags&initproto.ExitCell != 0; res.CPULimited && (cell && ws.ExitStatus() == 0 || !cell && ws.Exited()) {
 			res.CPULimited = false
-		}
-		if ev.flags&initproto.ExitCPU != 0 {
-			res.CPULimited = true
 		}
 		return
 	}

@@ -9,7 +9,8 @@
 //	host → init  F path data an input file, written in the work dir as the code's user
 //	host → init  I data, J   the code's stdin, then its end
 //	host → init  L seconds   the call's CPU seconds (the process runtime's
-//	                         RLIMIT_CPU): its CPU limit, else its timeout
+//	                         RLIMIT_CPU, per process): a second past its CPU
+//	                         limit, else its timeout
 //	host → init  P           a persistent session's call: the interpreter
 //	                         lives on after the code, for the next call
 //	host → init  C code      the code: the interpreter reads it and runs it
@@ -227,9 +228,6 @@ const (
 	// ExitCell: a session's call ended and its interpreter lives on; the
 	// status is the call's (0, 1 for an exception, 130 for an interrupt).
 	ExitCell = 1 << 1
-	// ExitCPU: the code's main process was ended by its RLIMIT_CPU (the
-	// process runtime's CPU limit), having used the seconds of H_CPU.
-	ExitCPU = 1 << 2
 )
 
 // LiveTailBytes is how much of each read past a stream's head the init
@@ -258,7 +256,6 @@ var protocol = []def{
 	{"EXIT_FRAME_LEN", ExitFrameLen, "u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags"},
 	{"EXIT_SCRATCH", ExitScratch, "exit flag: the files under the work dir went past their bound"},
 	{"EXIT_CELL", ExitCell, "exit flag: a session's call ended, its interpreter lives on"},
-	{"EXIT_CPU", ExitCPU, "exit flag: the code's main process was ended by its RLIMIT_CPU"},
 	{"LIVE_TAIL_BYTES", LiveTailBytes, "of each read past a stream's head, what a watched call sends at once"},
 	{"DRIVER_CTL_FD", DriverCtlFd, "the driver's frames to the init"},
 	{"DRIVER_CELL_FD", DriverCellFd, "the init's frames to the driver"},

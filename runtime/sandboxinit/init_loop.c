@@ -84,7 +84,6 @@ struct init {
 	int status_fd; // forked: the code's wait status comes here; -1 once in
 	int nprocs;    // forked: the call's cgroup.procs files, from FORKED_PROCS_FD
 	int persist;  // H_PERSIST: the interpreter lives on after each call
-	unsigned long long cpu_rlimit; // the process runtime: the code's RLIMIT_CPU soft limit, seconds; 0: none
 	int live;     // H_LIVE: this call's stdout is watched
 	int valued;   // this call's I_RESULT was sent
 	int calls;    // a session's calls that ended
@@ -398,20 +397,7 @@ static void on_cpu(struct init *in, const unsigned char *p, uint32_t len) {
 	if (in->calls > 0)
 		secs += cpu_seconds(in->child);
 	struct rlimit rl = {.rlim_cur = secs, .rlim_max = secs + 1};
-	if (prlimit(in->child, RLIMIT_CPU, &rl, NULL) == 0)
-		in->cpu_rlimit = secs;
-}
-
-// cpu_ended says whether the code's main process was ended by its
-// RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one (code
-// that ignores SIGXCPU), with the CPU time to show for it. A signal the
-// code sent itself has not the time.
-static int cpu_ended(const struct init *in, int st, const struct rusage *ru) {
-	if (in->cpu_rlimit == 0 || !WIFSIGNALED(st))
-		return 0;
-	unsigned long long used = (unsigned long long)(ru->ru_utime.tv_sec + ru->ru_stime.tv_sec);
-	used += (unsigned long long)(ru->ru_utime.tv_usec + ru->ru_stime.tv_usec) / 1000000;
-	return (WTERMSIG(st) == SIGXCPU && used >= in->cpu_rlimit) || (WTERMSIG(st) == SIGKILL && used >= in->cpu_rlimit + 1);
+	prlimit(in->child, RLIMIT_CPU, &rl, NULL);
 }
 
 static void dispatch(struct init *in, char type, const unsigned char *p, uint32_t len) {
@@ -643,8 +629,7 @@ static void on_signal(struct init *in, short revents) {
 	int reaped = 0;
 	for (;;) {
 		int st;
-		struct rusage ru;
-		pid_t w = wait4(-1, &st, WNOHANG, &ru);
+		pid_t w = waitpid(-1, &st, WNOHANG);
 		if (w <= 0)
 			break;
 		reaped = 1;
@@ -652,8 +637,6 @@ static void on_signal(struct init *in, short revents) {
 			in->phase = EXITED;
 			in->status = st;
 			clock_gettime(CLOCK_MONOTONIC, &in->t_exited);
-			if (cpu_ended(in, st, &ru))
-				in->exit_flags |= EXIT_CPU;
 		}
 	}
 	if (reaped && in->phase == EXITED)

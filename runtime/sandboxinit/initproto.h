@@ -13,7 +13,6 @@
 #define EXIT_FRAME_LEN       32                     // u32 status, u64 stdout, u64 stderr, u64 ns ran, u32 flags
 #define EXIT_SCRATCH         1                      // exit flag: the files under the work dir went past their bound
 #define EXIT_CELL            2                      // exit flag: a session's call ended, its interpreter lives on
-#define EXIT_CPU             4                      // exit flag: the code's main process was ended by its RLIMIT_CPU
 #define LIVE_TAIL_BYTES      512                    // of each read past a stream's head, what a watched call sends at once
 #define DRIVER_CTL_FD        3                      // the driver's frames to the init
 #define DRIVER_CELL_FD       4                      // the init's frames to the driver
