@@ -11,7 +11,6 @@ import (
 	"math"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -212,7 +211,7 @@ func decodeLeftOut(p []byte) (LeftOut, bool) {
 	if !ok || size > math.MaxInt64 {
 		return LeftOut{}, false
 	}
-	return LeftOut{Path: strings.ToValidUTF8(string(p[9:]), "\uFFFD"), Size: int64(size), Why: why}, true
+	return LeftOut{Path: string(p[9:]), Size: int64(size), Why: why}, true
 }
 
 // decodeFile reads a file frame: a uint16 path length, the path, then (from

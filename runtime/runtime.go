@@ -206,8 +206,8 @@ type Result struct {
 
 // LeftOut is an entry of /tmp/outputs that did not come back.
 type LeftOut struct {
-	// Path is relative to /tmp/outputs; a directory's ends in "/" ("./"
-	// for outputs itself).
+	// Path is relative to /tmp/outputs, its bytes as the code named it; a
+	// directory's ends in "/" ("./" for outputs itself).
 	Path string
 	// Size is the file's size in bytes (0 for a directory).
 	Size int64

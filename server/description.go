@@ -42,6 +42,15 @@ func (s *Server) tool() *mcp.Tool {
 					"description": fmt.Sprintf("wall-clock limit in seconds, > 0 and ≤ %s; default %s",
 						fmtSeconds(s.opts.MaxTimeout), fmtSeconds(s.opts.DefaultTimeout)),
 				},
+				"cpu_limit_s": map[string]any{
+					"type": "number",
+					"description": fmt.Sprintf("CPU time limit in seconds, all the code's processes together, > 0 and ≤ %s; reaching it ends the run with cpu_limited (beside the wall clock of timeout_s); default none",
+						fmtSeconds(s.opts.maxCPU())),
+				},
+				"binary_output": map[string]any{
+					"type":        "boolean",
+					"description": "also return stdout and stderr as their bytes, base64-encoded (stdout_base64, stderr_base64)",
+				},
 				"files": filesSchema(s.opts),
 				"session": map[string]any{
 					"type":        "string",

@@ -31,6 +31,8 @@ type config struct {
 	AuthTokenFile  string // read into AuthToken by loadConfig
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
+	// MaxCPU bounds a call's cpu_limit_s (0: MaxTimeout).
+	MaxCPU time.Duration
 	policy.CallCaps
 	Runtime runtime.Kind
 	// ProcessNamespaces: whether the process runtime puts each call in
@@ -182,6 +184,7 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_MAX_CONCURRENCY", "max-concurrency", "calls running at once; more wait their turn", integer(&c.MaxConcurrency, 1)},
 			setting{"MCP_EXEC_MAX_QUEUED", "max-queued", "calls waiting for a slot; one more is refused (default 4 × max-concurrency)", integer(&c.MaxQueued, 0)},
 			setting{"MCP_EXEC_PROGRESS_S", "progress", "interval of progress notifications in seconds", seconds(&c.Progress)},
+			setting{"MCP_EXEC_MAX_CPU_S", "max-cpu", "largest cpu_limit_s (a call's CPU time limit, all its processes together) a call may ask for (default: max-timeout)", seconds(&c.MaxCPU)},
 			setting{"MCP_EXEC_TEXT_BYTES", "text-bytes", "budget of the text block a model reads of a call: the head and tail of each part past it (structuredContent keeps everything up to max-output-bytes)", byteCount(&c.TextBytes, 1, 1024)},
 			setting{"MCP_EXEC_RESOURCE_MAX_MB", "resource-max-mb", "output files kept as resources (resource_link, resources/read, files[].uri) for the client that made them, in MiB in all, a client at most half; 0 keeps none and every file comes inline", byteCount(&c.ResourceMaxBytes, mib, 0)},
 			setting{"MCP_EXEC_RESOURCE_TTL_S", "resource-ttl", "an output file kept as a resource lives this long after its call", seconds(&c.ResourceTTL)},
@@ -336,6 +339,7 @@ func (c *config) serverOptions() server.Options {
 	return server.Options{
 		DefaultTimeout:       c.DefaultTimeout,
 		MaxTimeout:           c.MaxTimeout,
+		MaxCPU:               c.MaxCPU,
 		CallCaps:             c.CallCaps,
 		Limits:               c.Limits,
 		MaxConcurrency:       c.MaxConcurrency,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -16,8 +17,13 @@ type resultOutput struct {
 	ExitCode     int    `json:"exit_code"`
 	Signal       string `json:"signal"`
 	TimedOut     bool   `json:"timed_out"`
+	CPULimited   bool   `json:"cpu_limited"`
+	CPUMS        int64  `json:"cpu_ms"`
 	Stdout       string `json:"stdout"`
+	Stderr       string `json:"stderr"`
+	StdoutBase64 string `json:"stdout_base64"`
 	StdoutBytes  int64  `json:"stdout_bytes"`
+	StdoutCut    bool   `json:"stdout_truncated"`
 	Result       string `json:"result"`
 	Session      string `json:"session"`
 	SessionEnded string `json:"session_ended"`
@@ -96,8 +102,18 @@ func TestBinaryResults(t *testing.T) {
 				t.Errorf("text block lacks %q:\n%s", want, txt)
 			}
 		}
-		if len(out.Stdout) != 1048576 || out.StdoutBytes != 5000008 || len(out.Result) != 1048576 {
+		if len(out.Stdout) != 1048576 || out.StdoutBytes != 5000008 || len(out.Result) != 1048576 || !out.StdoutCut {
 			t.Errorf("structuredContent: stdout %d bytes (of %d), result %d; want the caps' worth", len(out.Stdout), out.StdoutBytes, len(out.Result))
+		}
+		// Head and tail: the first line, the last, and how much was left
+		// out between them.
+		if !strings.HasPrefix(out.Stdout, "00000000 yyy") || !strings.HasSuffix(out.Stdout, "y\nthe end\n") ||
+			!regexp.MustCompile(`\n\[… 39\d{5} bytes left out …\]\n`).MatchString(out.Stdout) {
+			t.Errorf("structuredContent.stdout begins %q, ends %q: want the first and last lines around a count of what was left out",
+				out.Stdout[:min(len(out.Stdout), 30)], out.Stdout[max(0, len(out.Stdout)-30):])
+		}
+		if !strings.Contains(txt, "the end\n") {
+			t.Errorf("the text block lacks the last line:\n%s", txt)
 		}
 	})
 	t.Run("signals", func(t *testing.T) {
@@ -111,6 +127,27 @@ func TestBinaryResults(t *testing.T) {
 		if out, res := callResult(t, a, map[string]any{"code": "while True: pass", "timeout_s": 1}); !out.TimedOut ||
 			!strings.Contains(text(res), "timed out after 1 s: the sandbox was killed") {
 			t.Errorf("a fresh call's timeout: %+v\n%s", out, text(res))
+		}
+	})
+	t.Run("cpu limit", func(t *testing.T) {
+		if out, res := callResult(t, a, map[string]any{"code": "while True: pass", "cpu_limit_s": 1, "timeout_s": 30}); !out.CPULimited || out.TimedOut ||
+			out.CPUMS < 1000 || !strings.Contains(text(res), "; CPU time limit of 1 s reached: the sandbox was killed") {
+			t.Errorf("spinning under cpu_limit_s 1: %+v\n%s", out, text(res))
+		}
+		if out, res := callResult(t, a, map[string]any{"code": "import time\ntime.sleep(60)", "cpu_limit_s": 1, "timeout_s": 2}); out.CPULimited || !out.TimedOut {
+			t.Errorf("sleeping under cpu_limit_s 1, timeout_s 2: %+v\n%s", out, text(res))
+		}
+		if msg := toolError(t, a, map[string]any{"code": "1", "cpu_limit_s": 301}); !strings.HasPrefix(msg, "cpu_limit_s must be > 0 and ≤ 300 (MCP_EXEC_MAX_CPU_S)") {
+			t.Errorf("cpu_limit_s 301: %q", msg)
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		code := "import sys\nsys.stdout.buffer.write(b'a\\xff\\xfe\\xfdb \\xe2\\x82\\xac')"
+		if out, _ := callResult(t, a, map[string]any{"code": code}); out.Stdout != "a\uFFFD\uFFFD\uFFFDb €" || out.StdoutBase64 != "" {
+			t.Errorf("three bad bytes: stdout %q, stdout_base64 %q; want three U+FFFD, no base64", out.Stdout, out.StdoutBase64)
+		}
+		if out, _ := callResult(t, a, map[string]any{"code": code, "binary_output": true}); out.StdoutBase64 != "Yf/+/WIg4oKs" {
+			t.Errorf("binary_output: stdout_base64 %q", out.StdoutBase64)
 		}
 	})
 	t.Run("session", func(t *testing.T) {
