@@ -125,6 +125,11 @@ func Env() []string {
 		// kill reaches the caller instead of dying in a stdio buffer.
 		"PYTHONUNBUFFERED=1",
 		"TMPDIR=/tmp",
+		// A wide terminal's size, for what fits its output to one
+		// (shutil.get_terminal_size): there is no terminal, and 80
+		// columns hide most of a table.
+		"COLUMNS=200",
+		"LINES=60",
 	}
 }
 
@@ -135,7 +140,7 @@ func Env() []string {
 // secret of the server has no business in any of them.
 func EnvAllowed(key string) bool {
 	switch key {
-	case "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR",
+	case "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "COLUMNS", "LINES",
 		"MPLBACKEND", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_MAX_THREADS":
 		return true
 	}

@@ -167,7 +167,7 @@ def _zygote():
                 return
 
     # What the driver and the end of a fork import, imported once here.
-    import ast, atexit, linecache, signal, types  # noqa: F401
+    import ast, atexit, linecache, signal, traceback, types  # noqa: F401
 
     # What every fork shares is settled now: the collector need not visit
     # it again in each (sparing their copy-on-write pages).
