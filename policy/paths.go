@@ -13,6 +13,19 @@ const (
 	OutputsDir  = WorkDir + "/" + OutputsName
 )
 
+// DataDir is where an operator's directory of data is, read-only, in
+// every sandbox, when the server has one (MCP_EXEC_DATA_DIR): nothing of
+// it can be written, run, or honoured as setuid or a device.
+const DataDir = "/data"
+
+// DataMountOptions are the data dir's mount options: read-only, no setuid,
+// no devices and nothing executed, all the way down (a mount below the
+// dir on the host comes in too, and a plain "ro" would hold only for the
+// top one).
+func DataMountOptions() []string {
+	return []string{"rbind", "ro", "nosuid", "nodev", "noexec", "rro", "rnosuid", "rnodev", "rnoexec"}
+}
+
 // MaskedPaths returns the paths under /proc that are hidden from the code
 // (a file is covered by /dev/null, a directory by an empty read-only tmpfs).
 // They either leak host state (kcore, timer_list, sched_debug, acpi), or

@@ -344,6 +344,9 @@ type procContainer struct {
 // uid, which owns the working dir.
 func (pc *procContainer) create(context.Context) error {
 	b := pc.b
+	if err := pc.rt.dataUnavailable(b.Config); err != nil {
+		return err
+	}
 	work, code := filepath.Join(b.Dir, "work"), filepath.Join(b.Dir, "code")
 	for _, d := range []string{work, code} {
 		if err := os.Mkdir(d, 0o700); err != nil {
@@ -500,6 +503,10 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 		if p.Namespaces, err = r.callNamespaces(b.Spec.Hostname, work, specMount(b.Spec, policy.WorkDir).Options, code,
 			specMount(b.Spec, bundle.CodeDir).Options, int(in.UID), int(in.GID), b.Spec.Linux.MaskedPaths, b.Spec.Linux.ReadonlyPaths); err != nil {
 			return nil, err
+		}
+		if d := b.Config.DataDir; d != "" {
+			p.Namespaces.Mounts = append(p.Namespaces.Mounts, dataMount(d))
+			p.Read = append(p.Read, policy.DataDir)
 		}
 	} else if p.Landlock > 0 {
 		p.ProcSelf = true

@@ -38,10 +38,30 @@
 #define AT_RECURSIVE 0x8000
 #endif
 #define ATTR_RDONLY 0x00000001ULL // MOUNT_ATTR_RDONLY
+#define ATTR_NOSUID 0x00000002ULL // MOUNT_ATTR_NOSUID
+#define ATTR_NODEV 0x00000004ULL  // MOUNT_ATTR_NODEV
+#define ATTR_NOEXEC 0x00000008ULL // MOUNT_ATTR_NOEXEC
 
 struct setattr {
 	uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
+
+// bind_mount binds a host dir (the data dir) into the call's mount
+// namespace with m's flags all the way down: a bind takes them only by a
+// change of its attributes, recursive since mount_setattr.
+static void bind_mount(const struct fmount *m) {
+	char what[PATH_MAX + 64];
+	snprintf(what, sizeof what, "binding %s on %s", m->source, m->target);
+	if (mount(m->source, m->target, NULL, MS_BIND | MS_REC, NULL) < 0)
+		die(what);
+	struct setattr a = {0};
+	a.attr_set |= m->flags & MS_RDONLY ? ATTR_RDONLY : 0;
+	a.attr_set |= m->flags & MS_NOSUID ? ATTR_NOSUID : 0;
+	a.attr_set |= m->flags & MS_NODEV ? ATTR_NODEV : 0;
+	a.attr_set |= m->flags & MS_NOEXEC ? ATTR_NOEXEC : 0;
+	if (syscall(__NR_mount_setattr, AT_FDCWD, m->target, AT_RECURSIVE, &a, sizeof a) < 0)
+		die(what);
+}
 
 // setup_namespaces makes the namespaces the process runtime's init starts
 // in — new pid, mount, network, IPC and UTS ones, and, under a server
@@ -69,6 +89,10 @@ void setup_namespaces(const struct config *c) {
 		die("making the host's files read-only in the call's mount namespace (mount_setattr, Linux 5.12)");
 	for (int i = 0; i < c->nmounts; i++) {
 		const struct fmount *m = &c->mounts[i];
+		if (m->flags & MS_BIND) {
+			bind_mount(m);
+			continue;
+		}
 		if (mount(m->source, m->target, m->type, m->flags, m->data) < 0) {
 			char what[PATH_MAX + 64];
 			snprintf(what, sizeof what, "mounting a fresh %s on %s", m->type, m->target);
