@@ -77,7 +77,8 @@ ENV MCP_EXEC_TRANSPORT=stdio \
 # no writable cache, so the container can run --read-only as any user
 # (everything here is root-owned and world-readable). It is built with
 # the ENV above, so the server finds it matching its configuration.
-RUN mkdir -p /opt/mcp-exec \
+# /data is empty: the process runtime binds MCP_EXEC_DATA_DIR over it.
+RUN mkdir -p /opt/mcp-exec /data \
     && mcp-exec rootfs build --out "$MCP_EXEC_ROOTFS"
 
 # Not root by default: without the privileges of the full sandbox, `auto`

@@ -69,6 +69,20 @@ type EngineInfo struct {
 	// Note is a sentence the description adds, e.g. what isolation a
 	// weaker runtime gives.
 	Note string
+	// Data, when not nil, is the operator's data every sandbox has,
+	// read-only.
+	Data *DataInfo
+}
+
+// DataInfo is what the operator's data dir holds, as the server started.
+type DataInfo struct {
+	// Path is where the sandbox has it.
+	Path string
+	// Files and Bytes count its regular files and their bytes; Partial:
+	// the count stopped at its bound, and there are more.
+	Files   int
+	Bytes   int64
+	Partial bool
 }
 
 // Server runs exec calls: it validates input, bounds concurrency and the

@@ -804,6 +804,30 @@ func TestDescriptionProcess(t *testing.T) {
 	}
 }
 
+// The data dir in the description: where, how much as a person reads it,
+// and "at least" when the listing stopped at its bound; nothing without.
+func TestDescriptionData(t *testing.T) {
+	for _, c := range []struct {
+		data *DataInfo
+		want string
+	}{
+		{&DataInfo{Path: "/data", Files: 3, Bytes: 6_543_210}, "Data is in /data, read-only: 3 files, 6.5 MB in all;"},
+		{&DataInfo{Path: "/data", Files: 100000, Bytes: 999, Partial: true}, "Data is in /data, read-only: at least 100000 files, 999 bytes in all;"},
+		{nil, ""},
+	} {
+		eng := newFakeEngine()
+		eng.info.Data = c.data
+		srv, err := New(eng, testOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := srv.description()
+		if c.want == "" && strings.Contains(d, "/data") || !strings.Contains(d, c.want) {
+			t.Errorf("description with %+v, want %q:\n%s", c.data, c.want, d)
+		}
+	}
+}
+
 // The output schema's descriptions are struct tags, which cannot be
 // computed: each that names the outputs dir must name policy's.
 func TestSchemaNamesTheOutputsDir(t *testing.T) {

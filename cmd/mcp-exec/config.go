@@ -45,7 +45,10 @@ type config struct {
 	Shell             bool
 	Preload           []string
 	PackagesDir       string
-	PoolSize          int // -1: adaptive
+	// DataDir is the operator's dir of data, read-only at /data in every
+	// sandbox (data.go).
+	DataDir  string
+	PoolSize int // -1: adaptive
 	// Fork makes libcontainer's sandboxes forks of templates, each of
 	// which serves ForkMaxCalls calls for ForkMaxAge at most.
 	Fork           bool
@@ -163,6 +166,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_FORK_MAX_CALLS", "fork-max-calls", "calls a template forks sandboxes for before it is replaced", integer(&c.ForkMaxCalls, 1)},
 		{"MCP_EXEC_FORK_MAX_AGE_S", "fork-max-age", "seconds after which a template is replaced", seconds(&c.ForkMaxAge)},
 		{"MCP_EXEC_PACKAGES_DIR", "packages-dir", "a directory of importable packages (e.g. pip install --target DIR), mounted read-only on the import path", str(&c.PackagesDir)},
+		{"MCP_EXEC_DATA_DIR", "data-dir", "a directory of data, mounted read-only (nosuid, nodev, noexec, all the way down) at " + policy.DataDir + " in every sandbox", str(&c.DataDir)},
 		{"MCP_EXEC_MEMORY_MB", "memory-mb", "memory limit per call in MiB (tmpfs pages count too)", byteCount(&c.Limits.MemoryBytes, mib, policy.MinMemoryBytes/mib)},
 		{"MCP_EXEC_PIDS", "pids", "process/thread limit per call", integer(&c.Limits.Pids, policy.MinPids)},
 		{"MCP_EXEC_CPUS", "cpus", "CPU quota per call, in cores", &value[float64]{p: &c.Limits.CPUs, parse: parseCPUs}},
@@ -306,6 +310,9 @@ func (c *config) sandboxErrors() []error {
 		} else if abs, err := filepath.Abs(c.PackagesDir); err == nil {
 			c.PackagesDir = abs
 		}
+	}
+	if err := c.checkDataDir(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.Egress.Validate(); err != nil {
 		errs = append(errs, err)

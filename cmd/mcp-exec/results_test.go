@@ -4,12 +4,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // resultOutput is what these tests read of a result, beyond execOutput.
@@ -205,4 +210,74 @@ func TestBinaryResults(t *testing.T) {
 		}
 	})
 	p.stop(t)
+}
+
+// The operator's data dir, through the built binary and a client: the
+// tool description says it is at /data and how much it holds, a call
+// reads it there, and cannot write it. The process runtime, which cannot
+// give it here (no /data of the host's to mount it over), refuses to
+// start, naming the variable; so does a data dir the sandbox cannot list.
+func TestBinaryDataDir(t *testing.T) {
+	requireSandbox(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Dir(dir), 0o755)
+	os.WriteFile(filepath.Join(dir, "sales.csv"), []byte("day,amount\n1,3\n2,4\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "sub", "notes.txt"), []byte("hello"), 0o644)
+
+	cmd := exec.Command(binaryPath(t), "serve")
+	cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), "MCP_EXEC_DATA_DIR="+dir)
+	var stderr testenv.SyncBuffer
+	cmd.Stderr = &stderr
+	ctx := context.Background()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connecting: %v\n%s", err, &stderr)
+	}
+	defer cs.Close()
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil || len(tools.Tools) != 1 || !strings.Contains(tools.Tools[0].Description, "Data is in /data, read-only: 2 files, 24 bytes in all") {
+		t.Errorf("tools/list: %v; want the description to say where the data is and how much (2 files, 24 bytes)", err)
+	}
+	out, _ := callResult(t, cs, map[string]any{"code": "import os\nprint(open('/data/sales.csv').read().splitlines()[-1])\ntry:\n    open('/data/x', 'w')\nexcept OSError as e:\n    print(e.errno)"})
+	if out.Stdout != "2,4\n30\n" {
+		t.Errorf("reading and writing /data: %q (stderr %s), want its last line, then EROFS (30)", out.Stdout, out.Stderr)
+	}
+
+	// A dir the sandbox's user cannot list: the operator's own only.
+	private := t.TempDir()
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		env  []string
+		want []string
+	}{
+		{[]string{"MCP_EXEC_DATA_DIR=" + dir, "MCP_EXEC_RUNTIME=process"}, []string{"MCP_EXEC_DATA_DIR", "the process runtime", "MCP_EXEC_RUNTIME"}},
+		{[]string{"MCP_EXEC_DATA_DIR=" + private}, []string{"MCP_EXEC_DATA_DIR", "/data cannot be listed in the sandbox", "chmod a+rX"}},
+	} {
+		// As a client meets it: initialize answered with the reason, and
+		// the server gone.
+		cmd := exec.Command(binaryPath(t), "serve")
+		cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), tc.env...)
+		var stderr testenv.SyncBuffer
+		cmd.Stderr = &stderr
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		if err == nil {
+			cs.Close()
+			t.Errorf("serve with %v: started, want a refusal", tc.env)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want[0]) {
+			t.Errorf("serve with %v: initialize answered %v, want the reason, naming %s", tc.env, err, tc.want[0])
+		}
+		cmd.Wait()
+		for _, w := range tc.want {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("serve with %v: stderr lacks %q:\n%s", tc.env, w, &stderr)
+			}
+		}
+	}
 }
