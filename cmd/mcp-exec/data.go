@@ -57,8 +57,39 @@ func (c *config) checkDataDir() error {
 			return fmt.Errorf("MCP_EXEC_DATA_DIR=%s and %s (%s) overlap: the sandbox would read the server's own files", c.DataDir, own.what, dir)
 		}
 	}
+	if p, kind := dataChannel(abs); p != "" {
+		return fmt.Errorf("MCP_EXEC_DATA_DIR=%s holds %s, a %s: read-only and nodev do not stop a call from opening it, to reach what listens on the host "+
+			"or to meet another call; keep only files and dirs in the data dir", c.DataDir, p, kind)
+	}
 	c.DataDir = abs
 	return nil
+}
+
+// dataChannel finds, within maxDataListing entries, a socket or a FIFO in
+// dir: what a read-only bind still lets a call connect to or open for
+// writing, a way out to a host service or to another call. It returns its
+// path and what it is, or "".
+func dataChannel(dir string) (path, kind string) {
+	visited := 0
+	stop := errors.New("found")
+	filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if visited++; visited > maxDataListing {
+			return stop
+		}
+		if err != nil {
+			return nil
+		}
+		switch {
+		case e.Type()&fs.ModeSocket != 0:
+			path, kind = p, "unix socket"
+		case e.Type()&fs.ModeNamedPipe != 0:
+			path, kind = p, "FIFO"
+		default:
+			return nil
+		}
+		return stop
+	})
+	return path, kind
 }
 
 // within reports whether p is dir or below it; both are clean absolute

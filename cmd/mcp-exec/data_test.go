@@ -1,17 +1,20 @@
 package main
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/inhuman/mcp-exec/server"
 )
 
 // A data dir is checked at start, each refusal naming the variable: it
-// must be a directory, not the host's root, and hold nothing of the
-// server's own (the rootfs, its cache, the state dir) nor lie within it.
+// must be a directory, not the host's root, hold nothing of the server's
+// own (the rootfs, its cache, the state dir) nor lie within it, and hold
+// no socket or FIFO, which a read-only bind leaves open to a call.
 func TestDataDirChecked(t *testing.T) {
 	base := t.TempDir()
 	data, state, cache, root := filepath.Join(base, "data"), filepath.Join(base, "state"), filepath.Join(base, "cache"), filepath.Join(base, "rootfs")
@@ -25,6 +28,21 @@ func TestDataDirChecked(t *testing.T) {
 	}
 	link := filepath.Join(base, "link")
 	if err := os.Symlink(data, link); err != nil {
+		t.Fatal(err)
+	}
+	// A socket and a FIFO, each in a data dir of its own.
+	sockDir, fifoDir := filepath.Join(base, "sock"), filepath.Join(base, "fifo")
+	for _, d := range []string{sockDir, filepath.Join(fifoDir, "deep")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ln, err := net.Listen("unix", filepath.Join(sockDir, "service.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := syscall.Mkfifo(filepath.Join(fifoDir, "deep", "pipe"), 0o666); err != nil {
 		t.Fatal(err)
 	}
 	own := []string{"MCP_EXEC_STATE_DIR=" + state, "MCP_EXEC_CACHE_DIR=" + cache, "MCP_EXEC_ROOTFS=" + root}
@@ -41,6 +59,8 @@ func TestDataDirChecked(t *testing.T) {
 		{filepath.Join(state, "x"), []string{"MCP_EXEC_STATE_DIR", "overlap"}},
 		{filepath.Join(cache), []string{"MCP_EXEC_CACHE_DIR", "overlap"}},
 		{filepath.Join(root, "srv"), []string{"MCP_EXEC_ROOTFS", "overlap"}},
+		{sockDir, []string{"MCP_EXEC_DATA_DIR=" + sockDir, "service.sock, a unix socket"}},
+		{fifoDir, []string{"MCP_EXEC_DATA_DIR=" + fifoDir, "deep/pipe, a FIFO"}},
 	} {
 		cfg, err := loadWith(t, append([]string{"MCP_EXEC_DATA_DIR=" + c.dir}, own...)...)
 		if c.want == nil {
