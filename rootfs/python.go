@@ -41,8 +41,9 @@ type Interpreter struct {
 // v3: Options (packages, shell), the empty packages dir mount point, and the
 // /.mcp-exec mount point of the init. v4: the matplotlib backend saves
 // under $TMPDIR/outputs. v5: no group-writable file. v6: the backend
-// names figures as the driver does.
-const keyVersion = "rootfs-v6"
+// names figures as the driver does. v7: the empty /data mount point of
+// the data dir.
+const keyVersion = "rootfs-v7"
 
 // Key is the cache key of the stdlib-only rootfs: Options{}.Key(py).
 func (py Interpreter) Key() string {
