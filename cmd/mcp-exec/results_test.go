@@ -226,24 +226,36 @@ func TestBinaryDataDir(t *testing.T) {
 	os.Chmod(filepath.Dir(dir), 0o755)
 	os.WriteFile(filepath.Join(dir, "sales.csv"), []byte("day,amount\n1,3\n2,4\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "sub", "notes.txt"), []byte("hello"), 0o644)
+	// Writable by all: only the read-only mount refuses the write, with
+	// EROFS on every runtime (gVisor checks permissions first).
+	os.Chmod(dir, 0o777)
 
-	cmd := exec.Command(binaryPath(t), "serve")
-	cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), "MCP_EXEC_DATA_DIR="+dir)
-	var stderr testenv.SyncBuffer
-	cmd.Stderr = &stderr
 	ctx := context.Background()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
-	if err != nil {
-		t.Fatalf("connecting: %v\n%s", err, &stderr)
-	}
-	defer cs.Close()
-	tools, err := cs.ListTools(ctx, nil)
-	if err != nil || len(tools.Tools) != 1 || !strings.Contains(tools.Tools[0].Description, "Data is in /data, read-only: 2 files, 24 bytes in all") {
-		t.Errorf("tools/list: %v; want the description to say where the data is and how much (2 files, 24 bytes)", err)
-	}
-	out, _ := callResult(t, cs, map[string]any{"code": "import os\nprint(open('/data/sales.csv').read().splitlines()[-1])\ntry:\n    open('/data/x', 'w')\nexcept OSError as e:\n    print(e.errno)"})
-	if out.Stdout != "2,4\n30\n" {
-		t.Errorf("reading and writing /data: %q (stderr %s), want its last line, then EROFS (30)", out.Stdout, out.Stderr)
+	// The default (forks of a template), a fresh libcontainer sandbox per
+	// call, and gVisor.
+	for _, kind := range []string{"", "libcontainer", "runsc"} {
+		t.Run("runtime="+kind, func(t *testing.T) {
+			cmd := exec.Command(binaryPath(t), "serve")
+			cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), "MCP_EXEC_DATA_DIR="+dir)
+			if kind != "" {
+				cmd.Env = append(cmd.Env, "MCP_EXEC_RUNTIME="+kind)
+			}
+			var stderr testenv.SyncBuffer
+			cmd.Stderr = &stderr
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+			if err != nil {
+				t.Fatalf("connecting: %v\n%s", err, &stderr)
+			}
+			defer cs.Close()
+			tools, err := cs.ListTools(ctx, nil)
+			if err != nil || len(tools.Tools) != 1 || !strings.Contains(tools.Tools[0].Description, "Data is in /data, read-only: 2 files, 24 bytes in all") {
+				t.Errorf("tools/list: %v; want the description to say where the data is and how much (2 files, 24 bytes)", err)
+			}
+			out, _ := callResult(t, cs, map[string]any{"code": "import os\nprint(open('/data/sales.csv').read().splitlines()[-1])\ntry:\n    open('/data/x', 'w')\nexcept OSError as e:\n    print(e.errno)"})
+			if out.Stdout != "2,4\n30\n" {
+				t.Errorf("reading and writing /data: %q (stderr %s), want its last line, then EROFS (30)", out.Stdout, out.Stderr)
+			}
+		})
 	}
 
 	// A dir the sandbox's user cannot list: the operator's own only.
