@@ -87,13 +87,17 @@ type call struct {
 	req    Request
 	exited <-chan struct{}
 
-	res       Result
-	start     time.Time // the init said the code has it; zero until then
-	exitAt    time.Time // the init said the code exited
-	exit      *event
-	out       *callOutput
-	cpu0      time.Duration // at the start, and at the exit
-	cpu1      time.Duration
+	res    Result
+	start  time.Time // the init said the code has it; zero until then
+	exitAt time.Time // the init said the code exited
+	exit   *event
+	out    *callOutput
+	cpu0   time.Duration // at the start, and at the exit
+	cpu1   time.Duration
+	// cpuSeen is the most the CPU checks read: the process runtime's
+	// measure of its process tree reads nothing once the tree is killed,
+	// and a call ended at its CPU limit used that much at least.
+	cpuSeen   time.Duration
 	timer     <-chan time.Time // the timeout, from the start
 	stopTimer func()
 	cpuCheck  <-chan time.Time // the next read of the CPU time, under a CPU limit
@@ -199,7 +203,9 @@ func (k *call) nextCPUCheck(used time.Duration) {
 // stopped as at a timeout (a session's interrupted first), and only its
 // CPU limit is said to have ended it.
 func (k *call) onCPUCheck() {
-	used := k.c.cpu() - k.cpu0
+	now := k.c.cpu()
+	k.cpuSeen = max(k.cpuSeen, now)
+	used := now - k.cpu0
 	if used < k.req.CPULimit {
 		k.nextCPUCheck(used)
 		return
@@ -216,7 +222,7 @@ func (k *call) onExit(ev event) {
 	k.exit = &ev
 	k.exitAt = ev.at
 	k.res.Duration = ev.ran
-	k.cpu1 = k.c.cpu()
+	k.cpu1 = max(k.c.cpu(), k.cpuSeen)
 	k.stopTimer()
 	k.timer, k.cpuCheck = nil, nil
 	k.grace = time.After(exportTimeout)
@@ -299,7 +305,7 @@ func (k *call) result() (Result, bool, error) {
 	// The code's CPU time: from when it had its code to its exit, not the
 	// interpreter's start-up before (or gVisor's boot).
 	if k.exit == nil {
-		k.cpu1 = res.CPUTime
+		k.cpu1 = max(res.CPUTime, k.cpuSeen)
 	}
 	if !k.start.IsZero() && k.cpu1 >= k.cpu0 {
 		res.CPUTime = k.cpu1 - k.cpu0
