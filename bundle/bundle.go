@@ -83,6 +83,10 @@ type Config struct {
 	// read-only at PackagesMount, a mount point the rootfs has.
 	PackagesDir   string
 	PackagesMount string
+	// DataDir, when set, is a host directory bound read-only at
+	// policy.DataDir (policy.DataMountOptions), a mount point every
+	// rootfs the server makes has.
+	DataDir string
 	// Ahead marks a sandbox prepared before its call (for a pool): it
 	// starts at policy.CPUSharesPreparing, and the runtime gives it
 	// policy.CPUSharesCall when the call begins.
@@ -148,6 +152,9 @@ func (c Config) Validate() error {
 	}
 	if n := c.Network; n != nil && (n.RelayPort <= 0 || n.RelayPort > 65535 || n.Trust == nil) {
 		errs = append(errs, fmt.Errorf("the network's relay port must be 1-65535 and its trust set, got port %d", n.RelayPort))
+	}
+	if c.DataDir != "" && !filepath.IsAbs(c.DataDir) {
+		errs = append(errs, fmt.Errorf("data dir %q must be an absolute path", c.DataDir))
 	}
 	if (c.PackagesDir == "") != (c.PackagesMount == "") || (c.PackagesDir != "" && (!filepath.IsAbs(c.PackagesDir) || !filepath.IsAbs(c.PackagesMount))) {
 		errs = append(errs, fmt.Errorf("packages dir %q and its mount point %q must both be absolute paths, or both empty", c.PackagesDir, c.PackagesMount))

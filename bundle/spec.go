@@ -139,7 +139,8 @@ func withNamespaces(s *specs.Spec, _ Config) {
 }
 
 // withMounts adds /proc, a minimal /dev, /dev/shm, the size-limited /tmp,
-// the init's own /code, the init itself, and the packages dir if any.
+// the init's own /code, the init itself, and the packages and data dirs if
+// any.
 // There is no /sys: nothing in it is needed.
 func withMounts(s *specs.Spec, cfg Config) {
 	s.Mounts = []specs.Mount{
@@ -165,6 +166,10 @@ func withMounts(s *specs.Spec, cfg Config) {
 		// executable: no noexec here.
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: cfg.PackagesMount, Type: "bind", Source: cfg.PackagesDir,
 			Options: []string{"rbind", "ro", "nosuid", "nodev", "rro", "rnosuid", "rnodev"}})
+	}
+	if cfg.DataDir != "" {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: policy.DataDir, Type: "bind", Source: cfg.DataDir,
+			Options: policy.DataMountOptions()})
 	}
 }
 

@@ -13,6 +13,19 @@ const (
 	OutputsDir  = WorkDir + "/" + OutputsName
 )
 
+// DataDir is where an operator's directory of data is, read-only, in
+// every sandbox, when the server has one (MCP_EXEC_DATA_DIR): nothing of
+// it can be written, run, or honoured as setuid or a device.
+const DataDir = "/data"
+
+// DataMountOptions are the data dir's mount options: read-only, no setuid,
+// no devices and nothing executed, all the way down (a mount below the
+// dir on the host comes in too, and a plain "ro" would hold only for the
+// top one).
+func DataMountOptions() []string {
+	return []string{"rbind", "ro", "nosuid", "nodev", "noexec", "rro", "rnosuid", "rnodev", "rnoexec"}
+}
+
 // MaskedPaths returns the paths under /proc that are hidden from the code
 // (a file is covered by /dev/null, a directory by an empty read-only tmpfs).
 // They either leak host state (kcore, timer_list, sched_debug, acpi), or
@@ -125,6 +138,11 @@ func Env() []string {
 		// kill reaches the caller instead of dying in a stdio buffer.
 		"PYTHONUNBUFFERED=1",
 		"TMPDIR=/tmp",
+		// A wide terminal's size, for what fits its output to one
+		// (shutil.get_terminal_size): there is no terminal, and 80
+		// columns hide most of a table.
+		"COLUMNS=200",
+		"LINES=60",
 	}
 }
 
@@ -138,7 +156,7 @@ func Env() []string {
 // sandbox; an index URL with credentials in it is refused).
 func EnvAllowed(key string) bool {
 	switch key {
-	case "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR",
+	case "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "COLUMNS", "LINES",
 		"MPLBACKEND", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_MAX_THREADS",
 		"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy",
 		"SSL_CERT_FILE", "REQUESTS_CA_BUNDLE":

@@ -158,8 +158,8 @@ func TestEnvIsSmallAllowlist(t *testing.T) {
 		if !ok {
 			t.Errorf("Env(): %q is not KEY=VALUE", kv)
 		}
-		if !slices.Contains([]string{"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"}, k) && !strings.HasPrefix(k, "PYTHON") {
-			t.Errorf("Env(): %s is outside the allowlist (PATH, HOME, LANG, PYTHON*)", k)
+		if !slices.Contains([]string{"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "COLUMNS", "LINES"}, k) && !strings.HasPrefix(k, "PYTHON") {
+			t.Errorf("Env(): %s is outside the allowlist (PATH, HOME, LANG, the terminal size, PYTHON*)", k)
 		}
 	}
 }

@@ -442,7 +442,7 @@ func splitPath(p string) []string {
 // claim refuses paths below a mount point: the runtime mounts over those
 // dirs, hiding whatever the rootfs holds there.
 func (b *builder) claim(p string) error {
-	for _, mp := range MountPoints() {
+	for _, mp := range madeMountPoints() {
 		if within(p, mp) {
 			return fmt.Errorf("copying %s: it lies in %s, which the sandbox mounts over", p, mp)
 		}
@@ -760,7 +760,7 @@ func (b *builder) verifyInterpreter(py Interpreter) error {
 
 // skeleton adds what the host does not provide: the mount points and /etc.
 func (b *builder) skeleton() error {
-	for _, mp := range MountPoints() {
+	for _, mp := range madeMountPoints() {
 		dst := filepath.Join(b.root, mp)
 		if err := os.Mkdir(dst, 0o755); err != nil {
 			return fmt.Errorf("creating mount point %s: %w", mp, err)

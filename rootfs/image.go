@@ -76,7 +76,7 @@ func overlayKey() string {
 	for _, f := range etcFiles {
 		fmt.Fprintf(h, "\x00%s\x00%s", f.name, f.content)
 	}
-	for _, mp := range MountPoints() {
+	for _, mp := range madeMountPoints() {
 		fmt.Fprintf(h, "\x00%s", mp)
 	}
 	fmt.Fprintf(h, "\x00%s\x00%s\x00%s", PythonPath, strings.Join(imagePythons, ","), strings.Join(imageEtcDropped, ","))

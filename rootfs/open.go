@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/inhuman/mcp-exec/policy"
 )
 
 // Source is which rootfs a configuration asks for: the settings that decide
@@ -28,6 +30,10 @@ type Source struct {
 	// PackagesDir is a dir of Python packages (MCP_EXEC_PACKAGES_DIR) to be
 	// mounted read-only on the import path; "" for none.
 	PackagesDir string
+	// DataDir is a dir of the operator's data (MCP_EXEC_DATA_DIR) to be
+	// mounted read-only at policy.DataDir; "" for none. The rootfs must
+	// have that mount point, and the proof lists it in the sandbox.
+	DataDir string
 	// CacheDir is where a rootfs is built and an image flattened; "" is
 	// DefaultCacheDir().
 	CacheDir string
@@ -77,8 +83,9 @@ type Prove func(ctx context.Context, t Trial) (version string, err error)
 // Open finds, builds or flattens the rootfs src asks for, and proves it with
 // prove. A rootfs built here is proven once, before it enters the cache, and
 // not again at every start; a rootfs or packages dir of the operator's
-// making (src.Dir, src.Image, src.PackagesDir) is proven once per start,
-// with the packages dir mounted. Errors name the variable to fix.
+// making (src.Dir, src.Image, src.PackagesDir, src.DataDir) is proven once
+// per start, with the packages and data dirs mounted. Errors name the
+// variable to fix.
 func Open(ctx context.Context, src Source, prove Prove) (Root, error) {
 	if prove == nil {
 		return Root{}, errors.New("opening the rootfs: no sandbox to prove it in")
@@ -112,7 +119,12 @@ func Open(ctx context.Context, src Source, prove Prove) (Root, error) {
 			return Root{}, err
 		}
 	}
-	if src.Dir != "" || src.Image != "" || src.PackagesDir != "" {
+	if src.DataDir != "" {
+		if err := dataMountIn(root.Dir); err != nil {
+			return Root{}, err
+		}
+	}
+	if src.Dir != "" || src.Image != "" || src.PackagesDir != "" || src.DataDir != "" {
 		version, err := prove(ctx, Trial{Root: root})
 		if err != nil {
 			return Root{}, fmt.Errorf("the rootfs %s: %w", root.Dir, err)
@@ -221,4 +233,14 @@ func packagesMountIn(rootfsDir, known string) (string, error) {
 	}
 	rel, _ := filepath.Rel(rootfsDir, matches[0])
 	return "/" + rel, nil
+}
+
+// dataMountIn checks that a rootfs has the data dir's mount point: a real
+// dir, not a link the mount would follow out of the rootfs.
+func dataMountIn(rootfsDir string) error {
+	fi, err := os.Lstat(filepath.Join(rootfsDir, policy.DataDir))
+	if err != nil || !fi.IsDir() {
+		return fmt.Errorf("{DataDir}: the rootfs %s has no directory %s to mount it on (every rootfs mcp-exec makes has one: rebuild it with mcp-exec rootfs build, or make that empty directory)", rootfsDir, policy.DataDir)
+	}
+	return nil
 }

@@ -121,7 +121,7 @@ func layOver(root, py string) error {
 			return fmt.Errorf("replacing /etc/%s: %w", f.name, err)
 		}
 	}
-	for _, mp := range MountPoints() {
+	for _, mp := range madeMountPoints() {
 		if err := makeImageMountPoint(root, mp); err != nil {
 			return err
 		}

@@ -14,10 +14,12 @@ import (
 
 // MatplotlibBackend is the MPLBACKEND value that makes matplotlib use the
 // backend Build writes into a rootfs with matplotlib: Agg, with plt.show()
-// saving every open figure to /tmp/outputs as PNG (figure-1.png,
-// figure-2.png, ...; an existing file is never overwritten) and closing
-// them. fig.show() saves that one figure, which plt.show() then does not
-// save again.
+// saving every open figure to /tmp/outputs as PNG and closing them, named
+// as the sandbox's driver names them (figure-1.png, figure-2.png, ...; in
+// a persistent session figure-C-1.png, C the call's number; an existing
+// file is never overwritten). fig.show() saves that one figure, which
+// plt.show() then does not save again. (The driver also saves and closes,
+// at the end of each call, the figures the code left open.)
 const MatplotlibBackend = "module://" + matplotlibBackendModule
 
 const matplotlibBackendModule = "mcp_exec_backend"
@@ -28,12 +30,14 @@ const matplotlibBackendModule = "mcp_exec_backend"
 // is read-only, and the module is a few lines.
 const matplotlibBackendSource = `"""matplotlib backend of mcp-exec's sandbox: Agg, and show() saves.
 
-plt.show() writes every open figure as PNG to ` + policy.OutputsDir + `, as
-figure-1.png, figure-2.png, ..., never over an existing file, and closes
-the figures: the caller gets them back as files. fig.show() writes that
-figure, and plt.show() does not write it again.
+plt.show() writes every open figure as PNG to ` + policy.OutputsDir + `, named as
+the sandbox's driver names figures (figure-1.png, figure-2.png, ...), never
+over an existing file, and closes the figures: the caller gets them back as
+files. fig.show() writes that figure, and plt.show() does not write it
+again.
 """
 import os
+import sys
 
 from matplotlib._pylab_helpers import Gcf
 from matplotlib.backend_bases import FigureManagerBase
@@ -46,6 +50,12 @@ _next = 1
 
 
 def _save(figure):
+    # The driver's naming, where it runs (every sandbox); this one's own
+    # for an interpreter without it.
+    driver = sys.modules.get("_mcp_exec_display")
+    if driver is not None:
+        driver.save_figure(figure)
+        return
     global _next
     os.makedirs(OUTPUTS, exist_ok=True)
     while True:
@@ -66,7 +76,8 @@ class FigureManager(FigureManagerBase):
     _saved = False
 
     def show(self):
-        _save(self.canvas.figure)
+        if not self._saved:
+            _save(self.canvas.figure)
         self._saved = True
 
 
@@ -75,7 +86,8 @@ class FigureCanvas(FigureCanvasAgg):
 
 
 def show(*args, **kwargs):
-    for manager in Gcf.get_all_fig_managers():
+    managers = sorted(Gcf.get_all_fig_managers(), key=lambda m: str(m.num).zfill(12))
+    for manager in managers:
         if not getattr(manager, "_saved", False):
             _save(manager.canvas.figure)
     Gcf.destroy_all()

@@ -40,8 +40,10 @@ type Interpreter struct {
 //
 // v3: Options (packages, shell), the empty packages dir mount point, and the
 // /.mcp-exec mount point of the init. v4: the matplotlib backend saves
-// under $TMPDIR/outputs. v5: no group-writable file.
-const keyVersion = "rootfs-v5"
+// under $TMPDIR/outputs. v5: no group-writable file. v6: the backend
+// names figures as the driver does. v7: the empty /data mount point of
+// the data dir.
+const keyVersion = "rootfs-v7"
 
 // Key is the cache key of the stdlib-only rootfs: Options{}.Key(py).
 func (py Interpreter) Key() string {

@@ -71,7 +71,8 @@
 //     every start, with the packages dir mounted (Open).
 //   - Every rootfs has the empty PackagesDirMountPoint, with real dirs all
 //     the way, so that a packages dir can be mounted without creating
-//     anything in the shared rootfs.
+//     anything in the shared rootfs; and the empty policy.DataDir, for a
+//     data dir.
 package rootfs
 
 import (
@@ -83,6 +84,8 @@ import (
 	"strings"
 
 	securejoin "github.com/cyphar/filepath-securejoin"
+
+	"github.com/inhuman/mcp-exec/policy"
 )
 
 // PythonPath is the interpreter's path inside every rootfs this package builds.
@@ -94,6 +97,14 @@ const PythonPath = "/usr/bin/python3"
 // is bound. There is no /sys: it is not mounted.
 func MountPoints() []string {
 	return []string{"/proc", "/dev", "/tmp", "/code", "/.mcp-exec"}
+}
+
+// madeMountPoints are the empty dirs every rootfs this package makes has:
+// MountPoints, and policy.DataDir, where an operator's data dir is
+// mounted. Check does not ask an operator's rootfs for the last: it is
+// needed only with a data dir, and Open says so then.
+func madeMountPoints() []string {
+	return append(MountPoints(), policy.DataDir)
 }
 
 // DefaultCacheDir is where Ensure keeps rootfs builds when the user names none:

@@ -1,13 +1,17 @@
 package runtime_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/runtime"
 )
 
@@ -80,6 +84,83 @@ sys.stderr.write("done")`, withMaxOutput(capBytes), withTimeout(120*time.Second)
 		t.Logf("100 MiB flood took %v", res.Duration)
 	})
 }
+
+// A stream past its cap keeps its head and its tail, half the cap each,
+// with a line between saying how many bytes were left out: the end of a
+// long output (its summary, its traceback) comes back. The byte counts
+// are exact, and a cap below the sandbox's own (the request's) is kept
+// the same way.
+func TestOutputKeepsHeadAndTail(t *testing.T) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+		const capBytes = 1 << 20
+		res := h.mustRun(`import sys
+for i in range(50000):
+    sys.stdout.write(f"{i:08d} " + "y" * 90 + "\n")
+print("the summary")
+raise ValueError("the last words")`, withMaxOutput(capBytes), withTimeout(120*time.Second))
+		const total = int64(50000*100 + len("the summary\n"))
+		marker := regexp.MustCompile(`\n\[… (\d+) bytes left out …\]\n`)
+		m := marker.FindSubmatch(res.Stdout)
+		if !res.StdoutTruncated || res.StdoutBytes != total || len(res.Stdout) > capBytes || len(res.Stdout) < capBytes-8 || m == nil {
+			t.Fatalf("stdout: truncated %v, %d bytes kept of %d counted (want %d, at most the cap %d, with a marker); ends %q",
+				res.StdoutTruncated, len(res.Stdout), res.StdoutBytes, total, capBytes, tailOf(res.Stdout, 200))
+		}
+		left, _ := strconv.Atoi(string(m[1]))
+		if kept := len(res.Stdout) - len(m[0]); int64(kept+left) != total {
+			t.Errorf("the marker says %d bytes left out, %d kept: want them to add up to %d", left, kept, total)
+		}
+		if !bytes.HasPrefix(res.Stdout, []byte("00000000 yyy")) || !bytes.HasSuffix(res.Stdout, []byte("y\nthe summary\n")) {
+			t.Errorf("stdout begins %q, ends %q: want the first line and the last", res.Stdout[:20], tailOf(res.Stdout, 40))
+		}
+		if head := res.Stdout[:bytes.Index(res.Stdout, m[0])]; len(head) < capBytes/2-100 {
+			t.Errorf("the head is %d bytes, want about half the cap", len(head))
+		}
+		if !strings.HasSuffix(string(res.Stderr), "ValueError: the last words\n") || res.StderrTruncated {
+			t.Errorf("stderr %q: want the whole traceback", res.Stderr)
+		}
+
+		// The request's cap, below the sandbox's: the same shape.
+		res = h.mustRun(`print("a" * 3000 + "z")`, withMaxOutput(1000))
+		m = marker.FindSubmatch(res.Stdout)
+		if m == nil || !res.StdoutTruncated || res.StdoutBytes != 3002 || len(res.Stdout) > 1000 ||
+			!bytes.HasPrefix(res.Stdout, []byte("aaa")) || !bytes.HasSuffix(res.Stdout, []byte("az\n")) {
+			t.Errorf("a 3002-byte line at a cap of 1000: %d bytes %q, truncated %v, counted %d", len(res.Stdout), res.Stdout, res.StdoutTruncated, res.StdoutBytes)
+		}
+		// Exactly the cap is whole.
+		if res = h.mustRun(`print("b" * 999)`, withMaxOutput(1000)); res.StdoutTruncated || len(res.Stdout) != 1000 {
+			t.Errorf("1000 bytes at a cap of 1000: %d bytes, truncated %v", len(res.Stdout), res.StdoutTruncated)
+		}
+	})
+}
+
+// A watched call's newest output is shown while it runs, past the cap
+// too: progress messages keep up with a program that printed more than
+// the cap.
+func TestLiveOutputPastTheCap(t *testing.T) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+		h.cfg.MaxOutputBytes = 1000 // the sandbox's own cap: its init keeps the head
+		live := &runtime.Live{}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			h.run(`import sys, time
+sys.stdout.write("x" * 3000 + "\n")
+print("the newest line", flush=True)
+time.sleep(120)`, withMaxOutput(1000), withLive(live), withContext(ctx), withTimeout(120*time.Second))
+		}()
+		testenv.Eventually(t, "the newest line past the cap in the live view", func() bool {
+			_, tail, _ := live.Last()
+			return strings.Contains(string(tail), "the newest line")
+		})
+		cancel()
+		<-done
+	})
+}
+
+// tailOf is the last n bytes of b.
+func tailOf(b []byte, n int) []byte { return b[max(0, len(b)-n):] }
 
 func TestOutputBytesPassThrough(t *testing.T) {
 	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {

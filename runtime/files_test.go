@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -151,7 +152,7 @@ os.chmod("outputs/sub", 0)`, 2},
 
 // What is left out of /tmp/outputs is named, with its size and why: the
 // byte limit, the count limit, a directory past the walk's depth. The
-// files come back in the order the walk found them (by name).
+// files come back in the order the code wrote them.
 func TestLeftOutFilesAreNamed(t *testing.T) {
 	forEachRuntimeAndProcess(t, modeNone, func(t *testing.T, h *harness) {
 		h.cfg.MaxFiles, h.cfg.MaxFileBytes = 3, 1<<20
@@ -188,6 +189,54 @@ os.makedirs(d)`)
 		}
 		if !slices.Equal(named, want) || !deep || !res.FilesTruncated {
 			t.Errorf("left out %+v (truncated %v), want %+v and the deep tree's cut named", res.FilesLeftOut, res.FilesTruncated, want)
+		}
+	})
+}
+
+// Files come back in the order the code wrote them — by modification
+// time, then by name with numbers as numbers (figure-2 before figure-10)
+// — so that what the count limit leaves out is what came last: of 25
+// figures at MCP_EXEC_MAX_FILES=20, the first 20, and 21 to 25 named as
+// left out.
+func TestOutputFilesInTheOrderWritten(t *testing.T) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+		h.cfg.MaxFiles = 20
+		res := h.mustRun(`import os
+os.makedirs("outputs/sub")
+for i in range(1, 26):
+    open("outputs/figure-%d.png" % i, "wb").write(b"x" * i)
+`)
+		var got, want []string
+		for _, f := range res.Files {
+			got = append(got, f.Path)
+		}
+		for i := 1; i <= 20; i++ {
+			want = append(want, fmt.Sprintf("figure-%d.png", i))
+		}
+		var left []runtime.LeftOut
+		for i := 21; i <= 25; i++ {
+			left = append(left, runtime.LeftOut{Path: fmt.Sprintf("figure-%d.png", i), Size: int64(i), Why: runtime.LeftCount})
+		}
+		if !slices.Equal(got, want) || !slices.Equal(res.FilesLeftOut, left) {
+			t.Errorf("25 figures at 20 files: returned %v, left out %+v; want %v, then %+v", got, res.FilesLeftOut, want, left)
+		}
+		// The time each was written decides before the name: written
+		// (or touched) later comes later, in a subdirectory or not.
+		res = h.mustRun(`import os
+open("outputs/b.txt", "w").write("first")
+os.makedirs("outputs/sub")
+open("outputs/sub/a.txt", "w").write("second")
+open("outputs/a.txt", "w").write("third")
+os.utime("outputs/b.txt", (1000, 1000))
+os.utime("outputs/sub/a.txt", (2000, 2000))
+os.utime("outputs/a.txt", (3000, 3000))
+`)
+		got = got[:0]
+		for _, f := range res.Files {
+			got = append(got, f.Path)
+		}
+		if want := []string{"b.txt", "sub/a.txt", "a.txt"}; !slices.Equal(got, want) {
+			t.Errorf("files written b, sub/a, a: returned %v, want %v", got, want)
 		}
 	})
 }

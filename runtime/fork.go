@@ -218,13 +218,14 @@ func newTemplates(cfg ForkConfig, log *slog.Logger, start func(context.Context, 
 }
 
 // templateKey is what makes a template: the sandboxes of one key can be
-// forks of one template, whose rootfs, interpreter, packages,
-// environment, limits and caps they get. Not of it: a call's CPU weight
-// (bundle.Config.Ahead), which its own cgroup has, and the mark of a
-// template's own bundle (Template).
+// forks of one template, whose rootfs, interpreter, packages, data dir
+// (its mounts are theirs), environment, limits and caps they get. Not of
+// it: a call's CPU weight (bundle.Config.Ahead), which its own cgroup
+// has, and the mark of a template's own bundle (Template).
 type templateKey struct {
 	rootfs, python, initDir    string
 	packagesDir, packagesMount string
+	dataDir                    string
 	env                        string // NUL-separated
 	limits                     policy.Limits
 	caps                       policy.CallCaps
@@ -236,7 +237,7 @@ type templateKey struct {
 
 func keyOf(cfg bundle.Config) templateKey {
 	k := templateKey{rootfs: cfg.Rootfs, python: cfg.Python, initDir: cfg.InitDir,
-		packagesDir: cfg.PackagesDir, packagesMount: cfg.PackagesMount, env: strings.Join(cfg.Env, "\x00"),
+		packagesDir: cfg.PackagesDir, packagesMount: cfg.PackagesMount, dataDir: cfg.DataDir, env: strings.Join(cfg.Env, "\x00"),
 		limits: cfg.Limits, caps: cfg.CallCaps}
 	if cfg.Network != nil {
 		k.relay = cfg.Network.RelayPort

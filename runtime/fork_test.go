@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -143,8 +144,10 @@ print(json.dumps({"Builtins": hasattr(builtins, "LEAK"), "JSON": hasattr(json, "
 
 // No generator state of a template goes on in its forks: random (CPython
 // reseeds it at fork), numpy's legacy global RandomState (np.random.*,
-// pandas' sample with random_state=None), the multiprocessing authkey and
-// tempfile's names all differ across 10 forks of one template that
+// pandas' sample with random_state=None), the multiprocessing authkey,
+// tempfile's names, sympy's module-level generator (its private keys: red
+// team F1) and every other generator the red team's probe finds among
+// the fork's objects all differ across 10 forks of one template that
 // preloaded them. Were they not reseeded, every call of a template — of
 // different clients, maybe — would draw the same numbers.
 func TestForkedGeneratorsAreReseeded(t *testing.T) {
@@ -154,40 +157,66 @@ func TestForkedGeneratorsAreReseeded(t *testing.T) {
 	if err != nil {
 		need(t, "the host's python3: %v", err)
 	}
-	opts := rootfs.Options{Packages: []string{"numpy", "pandas"}, Preload: []string{"random", "numpy", "pandas", "multiprocessing", "tempfile"}}
+	opts := rootfs.Options{Packages: []string{"numpy", "pandas", "sympy"}, Preload: []string{"random", "numpy", "pandas", "multiprocessing", "tempfile", "sympy"}}
 	dir, err := rootfs.Ensure(context.Background(), py, opts, rootfs.DefaultCacheDir(), nil)
 	if err != nil {
-		need(t, "a rootfs that preloads numpy and pandas: %v", err)
+		need(t, "a rootfs that preloads numpy, pandas and sympy: %v", err)
 	}
 	h.cfg.Rootfs = dir
 	seen := map[string]map[string]bool{}
 	var hash string
 	for i := 0; i < 10; i++ {
-		var got map[string]string
-		h.probe(`import sys, json
-preloaded = all(m in sys.modules for m in ("random", "numpy", "pandas", "multiprocessing", "tempfile"))
+		var got map[string]any
+		h.probe(`import sys, json, gc
+preloaded = all(m in sys.modules for m in ("random", "numpy", "pandas", "multiprocessing", "tempfile", "sympy"))
 import random, multiprocessing, tempfile
 import numpy as np, pandas as pd
+from sympy.crypto.crypto import dh_private_key
+# The red team's probe (F1): every generator the fork holds, one draw
+# each; the template's objects are frozen, so thaw them to see them.
+gc.unfreeze()
+draws = []
+for o in gc.get_objects():
+    if isinstance(o, random.Random) and not isinstance(o, random.SystemRandom):
+        draws.append(o.random())
+    elif isinstance(o, (np.random.RandomState, np.random.Generator)):
+        draws.append(float(o.random()))
 print(json.dumps({"preloaded": str(preloaded), "hash": str(hash("mcp-exec")),
     "random": repr(random.random()), "numpy": repr(np.random.random()),
     "sample": repr(list(pd.DataFrame({"x": range(1000)}).sample(5)["x"])),
     "authkey": multiprocessing.current_process().authkey.hex(),
-    "tempfile": next(tempfile._get_candidate_names())}))`, &got)
+    "tempfile": next(tempfile._get_candidate_names()),
+    "sympy": repr(dh_private_key(digit=20)[2]),
+    "generators": len(draws), "draws": draws}))`, &got)
 		if got["preloaded"] != "True" {
 			t.Fatalf("call %d: %v: want the modules preloaded by the template", i, got)
 		}
 		if hash != "" && got["hash"] != hash {
 			t.Fatalf("call %d came from another template: the check compares forks of one only", i)
 		}
-		hash = got["hash"]
-		for _, k := range []string{"random", "numpy", "sample", "authkey", "tempfile"} {
+		hash = got["hash"].(string)
+		for _, k := range []string{"random", "numpy", "sample", "authkey", "tempfile", "sympy"} {
 			if seen[k] == nil {
 				seen[k] = map[string]bool{}
 			}
-			if seen[k][got[k]] {
+			if seen[k][got[k].(string)] {
 				t.Errorf("call %d: %s gave %s again: not reseeded in forks", i, k, got[k])
 			}
-			seen[k][got[k]] = true
+			seen[k][got[k].(string)] = true
+		}
+		if n, _ := got["generators"].(float64); n < 3 {
+			t.Errorf("call %d: the probe found %v generators, want sympy's, numpy's and random's at least", i, got["generators"])
+		}
+		draws, _ := got["draws"].([]any)
+		for _, d := range draws {
+			k := fmt.Sprint(d)
+			if seen["draws"] == nil {
+				seen["draws"] = map[string]bool{}
+			}
+			if seen["draws"][k] {
+				t.Errorf("call %d: a generator drew %s again: shared by forks of one template", i, k)
+			}
+			seen["draws"][k] = true
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
 
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/internal/testenv"
@@ -777,4 +779,173 @@ func TestPreparedSandboxGetsCallWeight(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The operator's data dir is at /data in every sandbox, readable, and
+// read-only all the way down (a mount below it on the host too): nothing
+// can be written there, run from there, or honoured as setuid. A forked
+// sandbox has it from its template. The process runtime gives it only in
+// namespaces of its own (in the call's own root); without, it refuses
+// the call, naming the setting, rather than run without it.
+func TestDataDir(t *testing.T) {
+	forEachRuntimeAndProcess(t, modePooled|modeSession, func(t *testing.T, h *harness) {
+		dir := filepath.Join(t.TempDir(), "data")
+		sub := filepath.Join(dir, "sub")
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// The dir writable by all and the csv the sandbox's own: only the
+		// mount's read-only flag stands between the code and them.
+		os.Chmod(filepath.Dir(dir), 0o755)
+		os.Chmod(dir, 0o777)
+		if err := os.WriteFile(filepath.Join(dir, "sales.csv"), []byte("day,amount\n1,3\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(filepath.Join(dir, "sales.csv"), policy.UID, policy.GID); err != nil {
+			t.Fatal(err)
+		}
+		// /dev/null's device, which every sandbox's device rules allow:
+		// only nodev keeps the code from opening a device node in /data.
+		if err := syscall.Mknod(filepath.Join(dir, "null"), syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+			t.Fatal(err)
+		}
+		// /dev/port's, which no sandbox has: a host device, unreachable.
+		if err := syscall.Mknod(filepath.Join(dir, "port"), syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 4))); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(filepath.Join(dir, "null"), 0o666)
+		os.Chmod(filepath.Join(dir, "port"), 0o666)
+		// Links to a host file outside the data dir, by absolute and by
+		// relative path: in the sandbox they resolve in its own root.
+		secret := filepath.Join(filepath.Dir(dir), "secret.txt")
+		if err := os.WriteFile(secret, []byte("host secret"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for name, target := range map[string]string{"abs": secret, "rel": "../secret.txt"} {
+			if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "run.py"), []byte("#!/usr/bin/python3\nprint('ran')\n"), 0o4755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(dir, "run.py"), 0o755|os.ModeSetuid); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", sub, "tmpfs", 0, "size=1m,mode=0777"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { syscall.Unmount(sub, syscall.MNT_DETACH) })
+		if err := os.WriteFile(filepath.Join(sub, "below.txt"), []byte("below"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// A call before, without it: a template made for that is not the
+		// one for a sandbox with the data dir.
+		h.mustRun("print(1)")
+		h.cfg.DataDir = dir
+
+		if p, ok := h.rt.(*runtime.ProcessRuntime); ok && !p.Isolation().Namespaces {
+			h.pooled, h.session = false, false // a pool or a session would fail the harness first
+			_, err := h.run("print(1)")
+			if !errors.Is(err, runtime.ErrUnsupported) || !strings.Contains(err.Error(), "{DataDir}") {
+				t.Errorf("the process runtime without namespaces: %v; want it refused, naming {DataDir}", err)
+			}
+			return
+		}
+		var got map[string]any
+		h.probe(`import ctypes, json, os, stat, subprocess
+out = {"csv": open("/data/sales.csv").read(), "below": open("/data/sub/below.txt").read(),
+       "opts": [l.split()[5] for l in open("/proc/self/mountinfo") if l.split()[4] == "/data" or l.split()[4].startswith("/data/")]}
+def attempt(name, f):
+    try:
+        f(); out[name] = 0
+    except OSError as e:
+        out[name] = e.errno
+libc = ctypes.CDLL(None, use_errno=True)
+def mount(src, target, fstype, flags):
+    if libc.mount(src, target, fstype, ctypes.c_ulong(flags), None) != 0:
+        raise OSError(ctypes.get_errno(), "mount")
+def unshare(flags):
+    if libc.unshare(flags) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+# A hostile call: write, chmod its own file, make a fifo, open a device,
+# mount over /data or remount it writable, in a user namespace of its own
+# too; then read the host through links out of /data.
+attempt("write top", lambda: open("/data/planted", "w").write("x"))
+attempt("write below", lambda: open("/data/sub/planted", "w").write("x"))
+attempt("chmod", lambda: os.chmod("/data/sales.csv", 0o666))
+attempt("mkfifo", lambda: os.mknod("/data/fifo", stat.S_IFIFO | 0o666))
+attempt("device", lambda: open("/data/null", "w").write("x"))
+attempt("host device", lambda: open("/data/port", "rb").read(1))
+attempt("mount over", lambda: mount(b"tmpfs", b"/data", b"tmpfs", 0))
+attempt("remount", lambda: mount(None, b"/data", None, 0x20 | 0x1000))  # MS_REMOUNT|MS_BIND, no MS_RDONLY
+attempt("unshare", lambda: unshare(0x10000000 | 0x20000))  # CLONE_NEWUSER|CLONE_NEWNS
+attempt("remount after unshare", lambda: mount(None, b"/data", None, 0x20 | 0x1000))
+attempt("write after", lambda: open("/data/planted", "w").write("x"))
+for name in ["abs", "rel"]:
+    try:
+        out["link " + name] = open("/data/" + name).read()
+    except OSError as e:
+        out["link " + name] = e.errno
+try:
+    out["ran"] = subprocess.run(["/data/run.py"], capture_output=True, text=True).stdout
+except OSError as e:
+    out["ran"] = e.errno
+out["setuid"] = bool(os.stat("/data/run.py").st_mode & 0o4000)
+print(json.dumps(out))`, &got)
+		if got["csv"] != "day,amount\n1,3\n" || got["below"] != "below" {
+			t.Errorf("reading /data: %v", got)
+		}
+		// EROFS exactly: the dir is writable by all, the csv is the
+		// code's own; only the read-only mount refuses them.
+		for _, k := range []string{"write top", "write below", "chmod", "mkfifo", "write after"} {
+			if got[k] != float64(syscall.EROFS) {
+				t.Errorf("%s in /data: %v, want EROFS (30)", k, got[k])
+			}
+		}
+		// gVisor opens a device node as a device of its own kernel, never
+		// the host's (its gofer serves no device files): its /dev/null is
+		// harmless, and nodev is not checked on its gofer mounts.
+		if h.kind != runtime.Runsc && got["device"] != float64(syscall.EACCES) {
+			t.Errorf("opening the device node /data/null: %v, want EACCES, from a nodev mount", got["device"])
+		}
+		if got["host device"] == float64(0) {
+			t.Errorf("reading the host's /dev/port through a node in /data: succeeded, want it refused")
+		}
+		for _, k := range []string{"mount over", "remount", "remount after unshare"} {
+			if got[k] == float64(0) {
+				t.Errorf("%s of /data: succeeded, want it refused", k)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, "planted")); err == nil {
+			t.Errorf("the code wrote a file onto the host through /data")
+		}
+		// In a container the sandbox's root has no such file; the process
+		// runtime's root is the host's, where Landlock refuses what the
+		// code may not read (EACCES) as it would the file's own path.
+		for _, k := range []string{"link abs", "link rel"} {
+			if _, proc := h.rt.(*runtime.ProcessRuntime); got[k] != float64(syscall.ENOENT) && !(proc && got[k] == float64(syscall.EACCES)) {
+				t.Errorf("%s (a link out of /data to a host file): %v, want ENOENT (EACCES on the process runtime)", k, got[k])
+			}
+		}
+		if _, err := os.Stat(filepath.Join(sub, "planted")); err == nil {
+			t.Errorf("the code wrote a file onto the host through /data's submount")
+		}
+		if got["ran"] != float64(syscall.EACCES) || got["setuid"] != true {
+			t.Errorf("running the setuid /data/run.py: %v (setuid bit seen %v); want EACCES, from a noexec mount", got["ran"], got["setuid"])
+		}
+		if h.kind != runtime.Runsc {
+			opts, _ := got["opts"].([]any)
+			if len(opts) < 2 {
+				t.Errorf("mounts at /data: %v, want the dir and its submount", opts)
+			}
+			for _, o := range opts {
+				for _, want := range []string{"ro", "nosuid", "nodev", "noexec"} {
+					if !slices.Contains(strings.Split(o.(string), ","), want) {
+						t.Errorf("a mount of /data has options %q, want %s", o, want)
+					}
+				}
+			}
+		}
+	})
 }

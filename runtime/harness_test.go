@@ -464,6 +464,8 @@ type runOpts struct {
 	stdin     []byte
 	timeout   time.Duration
 	maxOutput int64
+	cpuLimit  time.Duration
+	live      *runtime.Live
 	ctx       context.Context
 	egress    runtime.Egress
 }
@@ -476,7 +478,8 @@ func (h *harness) run(code string, opts ...func(*runOpts)) (runtime.Result, erro
 	for _, f := range opts {
 		f(&o)
 	}
-	req := runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files, Timeout: o.timeout, MaxOutputBytes: o.maxOutput, Egress: o.egress}
+	req := runtime.Request{Code: []byte(code), Stdin: o.stdin, Files: o.files, Timeout: o.timeout, MaxOutputBytes: o.maxOutput,
+		CPULimit: o.cpuLimit, Live: o.live, Egress: o.egress}
 	if h.session {
 		return h.runInSession(o.ctx, req)
 	}
@@ -574,6 +577,8 @@ func withTimeout(d time.Duration) func(*runOpts)     { return func(o *runOpts) {
 func withMaxOutput(n int64) func(*runOpts)           { return func(o *runOpts) { o.maxOutput = n } }
 func withContext(ctx context.Context) func(*runOpts) { return func(o *runOpts) { o.ctx = ctx } }
 func withEgress(eg runtime.Egress) func(*runOpts)    { return func(o *runOpts) { o.egress = eg } }
+func withCPULimit(d time.Duration) func(*runOpts)    { return func(o *runOpts) { o.cpuLimit = d } }
+func withLive(l *runtime.Live) func(*runOpts)        { return func(o *runOpts) { o.live = l } }
 
 // assertClean checks that the call left no bundle, container state,
 // cgroup, mount or process.

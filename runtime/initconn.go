@@ -11,7 +11,6 @@ import (
 	"math"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -50,7 +49,7 @@ type usage struct {
 
 // callOutput is what the init sent of one call besides its verdict.
 type callOutput struct {
-	stdout, stderr *cappedBuffer
+	stdout, stderr *streamBuffer
 	files          []File
 	skipped        bool
 	leftOut        []LeftOut
@@ -59,7 +58,7 @@ type callOutput struct {
 }
 
 func newCallOutput() callOutput {
-	return callOutput{stdout: newCappedBuffer(initproto.MaxFrame), stderr: newCappedBuffer(initproto.MaxFrame)}
+	return callOutput{stdout: newStreamBuffer(initproto.MaxFrame), stderr: newStreamBuffer(initproto.MaxFrame)}
 }
 
 // initConn is the conversation with one sandbox's init (not an MCP
@@ -125,7 +124,11 @@ func (s *initConn) read(from *os.File) {
 		}
 		switch head[0] {
 		case initproto.IStdout, initproto.IStderr:
-			s.output(head[0], payload)
+			s.output(head[0], -1, payload)
+		case initproto.ITail:
+			if n >= 9 && (payload[0] == initproto.IStdout || payload[0] == initproto.IStderr) {
+				s.output(payload[0], int64(binary.BigEndian.Uint64(payload[1:])), payload[9:])
+			}
 		case initproto.IOutFile:
 			f, err := decodeFile(payload, true)
 			if err != nil {
@@ -183,15 +186,20 @@ func (s *initConn) read(from *os.File) {
 	}
 }
 
-// output keeps a chunk of the call's stdout or stderr, and shows it to
-// whoever watches the call.
-func (s *initConn) output(typ byte, p []byte) {
+// output keeps a chunk of the call's stdout or stderr — of its head
+// (off < 0), or from off on past it — and shows it to whoever watches the
+// call.
+func (s *initConn) output(typ byte, off int64, p []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if typ == initproto.IStdout {
-		s.out.stdout.Write(p)
+	b := s.out.stdout
+	if typ == initproto.IStderr {
+		b = s.out.stderr
+	}
+	if off < 0 {
+		b.writeHead(p)
 	} else {
-		s.out.stderr.Write(p)
+		b.writePast(off, p)
 	}
 	if s.live != nil {
 		s.live.write(typ == initproto.IStderr, p)
@@ -226,7 +234,7 @@ func decodeLeftOut(p []byte) (LeftOut, bool) {
 	if !ok || size > math.MaxInt64 {
 		return LeftOut{}, false
 	}
-	return LeftOut{Path: strings.ToValidUTF8(string(p[9:]), "\uFFFD"), Size: int64(size), Why: why}, true
+	return LeftOut{Path: string(p[9:]), Size: int64(size), Why: why}, true
 }
 
 // decodeFile reads a file frame: a uint16 path length, the path, then (from
@@ -312,7 +320,7 @@ func (s *initConn) send(req Request) {
 			p = p[n:]
 		}
 		writeFrame(w, initproto.HStdinEnd)
-		writeFrame(w, initproto.HCPU, []byte(strconv.FormatInt(int64(math.Ceil(req.Timeout.Seconds())), 10)))
+		writeFrame(w, initproto.HCPU, []byte(strconv.FormatInt(cpuSeconds(req), 10)))
 		if req.Persistent {
 			writeFrame(w, initproto.HPersist)
 		}
@@ -322,6 +330,18 @@ func (s *initConn) send(req Request) {
 		writeFrame(w, initproto.HCode, req.Code)
 		w.Flush()
 	}()
+}
+
+// cpuSeconds is the call's RLIMIT_CPU in the process runtime, in whole
+// seconds rounded up: a second past its CPU limit, where the supervision
+// stops it first (the limit is of all its processes together, as the
+// tree's CPU time measures it), so that each process is bounded still
+// should the measure fail; without a CPU limit, its timeout.
+func cpuSeconds(req Request) int64 {
+	if req.CPULimit > 0 {
+		return int64(math.Ceil(req.CPULimit.Seconds())) + 1
+	}
+	return int64(math.Ceil(req.Timeout.Seconds()))
 }
 
 // forkRequest sends a template's init a fork with the call's descriptors,
@@ -401,10 +421,11 @@ func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error 
 // failed, for the operator's log.
 func (s *initConn) failure() string {
 	s.mu.Lock()
-	out := s.out
+	stderr, stdout := s.out.stderr.bytes(), s.out.stdout.bytes()
 	s.mu.Unlock()
-	for _, b := range []*cappedBuffer{s.diag, out.stderr, out.stdout} {
-		if msg, _, _ := b.result(); len(msg) > 0 {
+	diag, _, _ := s.diag.result()
+	for _, msg := range [][]byte{diag, stderr, stdout} {
+		if len(msg) > 0 {
 			return lastLines(msg, 5)
 		}
 	}

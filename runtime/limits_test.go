@@ -177,3 +177,42 @@ func lastOf(s []string) string {
 	}
 	return s[len(s)-1]
 }
+
+// A CPU limit ends code that spins, all its processes together, and is
+// the verdict: cpu_limited, not timed_out; code that sleeps past its
+// timeout is timed_out, not cpu_limited; code within both is neither. A
+// session's call is interrupted and the session lives on. The process
+// runtime, with no cgroup, measures its process tree to the same effect.
+func TestCPULimit(t *testing.T) {
+	forEachRuntimeAndProcess(t, modeSession, func(t *testing.T, h *harness) {
+		start := time.Now()
+		res := h.mustRun(`import os
+if os.fork() == 0:
+    while True: pass
+while True: pass`, withCPULimit(time.Second), withTimeout(20*time.Second))
+		wantExit, wantEnded := 137, runtime.SessionEnd("")
+		if h.session {
+			wantExit = 130
+		}
+		if !res.CPULimited || res.TimedOut || res.ExitCode != wantExit || res.Ended != wantEnded {
+			t.Errorf("spinning at a 1 s CPU limit: cpu_limited %v, timed_out %v, exit %d, ended %q; want true, false, %d, %q (stderr %s)",
+				res.CPULimited, res.TimedOut, res.ExitCode, res.Ended, wantExit, wantEnded, tailOf(res.Stderr, 300))
+		}
+		if res.CPUTime < time.Second || res.CPUTime > 3*time.Second {
+			t.Errorf("spinning at a 1 s CPU limit used %v of CPU, want about 1 s", res.CPUTime)
+		}
+		if el := time.Since(start); el > 15*time.Second {
+			t.Errorf("spinning at a 1 s CPU limit took %v", el)
+		}
+
+		res = h.mustRun("import time\ntime.sleep(60)", withCPULimit(time.Second), withTimeout(2*time.Second))
+		if res.CPULimited || !res.TimedOut {
+			t.Errorf("sleeping past a 2 s timeout under a 1 s CPU limit: cpu_limited %v, timed_out %v; want false, true", res.CPULimited, res.TimedOut)
+		}
+
+		res = h.mustRun("print(sum(range(10**6)))", withCPULimit(5*time.Second))
+		if res.CPULimited || res.TimedOut || res.ExitCode != 0 {
+			t.Errorf("a short sum under a 5 s CPU limit: cpu_limited %v, timed_out %v, exit %d", res.CPULimited, res.TimedOut, res.ExitCode)
+		}
+	})
+}

@@ -382,6 +382,9 @@ type procContainer struct {
 // uid, which owns the working dir.
 func (pc *procContainer) create(context.Context) error {
 	b := pc.b
+	if err := pc.rt.dataUnavailable(b.Config); err != nil {
+		return err
+	}
 	work, code := filepath.Join(b.Dir, "work"), filepath.Join(b.Dir, "code")
 	for _, d := range []string{work, code} {
 		if err := os.Mkdir(d, 0o700); err != nil {
@@ -471,9 +474,9 @@ func (pc *procContainer) kill() {
 // verdict: without a cgroup there is no OOM counter or accounting here;
 // the init measures the call's processes and says when the code reached
 // its process limit, or ended of a MemoryError (its memory limit is an
-// rlimit), with its verdict (supervise.go).
+// rlimit), with its verdict (supervise.go). Its CPU time is measured over
+// its process tree (process_cpu.go).
 func (pc *procContainer) verdict(*Result)               {}
-func (pc *procContainer) cpu() time.Duration            { return 0 }
 func (pc *procContainer) sockets() (int64, int64, bool) { return 0, 0, false }
 
 // foreground: no cgroup, no weight; a prepared process waits idle. Where
@@ -570,6 +573,12 @@ func (r *ProcessRuntime) initConfig(b *bundle.Bundle, work, code string, uid, gi
 		if p.Namespaces, err = r.callNamespaces(b.Spec.Hostname, work, specMount(b.Spec, policy.WorkDir).Options, code,
 			specMount(b.Spec, bundle.CodeDir).Options, int(in.UID), int(in.GID), b.Spec.Linux.MaskedPaths, b.Spec.Linux.ReadonlyPaths, root); err != nil {
 			return nil, err
+		}
+		if d := b.Config.DataDir; d != "" {
+			// Mounted over its place in the call's own root, after the
+			// root's binds: nothing of the host's /data is in it.
+			p.Namespaces.Mounts = append(p.Namespaces.Mounts, dataMount(d))
+			p.Read = append(p.Read, policy.DataDir)
 		}
 	} else if p.Landlock > 0 {
 		p.ProcSelf = true

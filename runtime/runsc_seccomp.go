@@ -13,7 +13,7 @@ import (
 )
 
 // gvisorMounts returns the bundle's mounts as this runsc takes them: it
-// refuses the recursive options (rro, rnosuid, rnodev), which it does not
+// refuses the recursive options (rro, rnosuid, rnodev, rnoexec), which it does not
 // need: a bind mount is one mount of gVisor's own kernel, whose flags
 // cover all the gofer serves below it, host mounts there included
 // (TestBindsReadOnlyAllTheWayDown).
@@ -21,7 +21,7 @@ func gvisorMounts(ms []specs.Mount) []specs.Mount {
 	out := make([]specs.Mount, len(ms))
 	for i, m := range ms {
 		m.Options = slices.DeleteFunc(slices.Clone(m.Options), func(o string) bool {
-			return o == "rro" || o == "rnosuid" || o == "rnodev"
+			return o == "rro" || o == "rnosuid" || o == "rnodev" || o == "rnoexec"
 		})
 		out[i] = m
 	}

@@ -68,6 +68,12 @@ type Request struct {
 	// starts; when it passes every process of the container is killed. It
 	// must be > 0.
 	Timeout time.Duration
+	// CPULimit, when not 0, is the CPU time the code may use, all its
+	// processes together, counted from when it starts: the supervision
+	// reads it (the call's cgroup; in the process runtime, its process
+	// tree) and stops the code there, as at a timeout (a session's is
+	// interrupted first). 0: the timeout alone bounds it.
+	CPULimit time.Duration
 	// MaxOutputBytes caps each of stdout and stderr, and the last
 	// expression's repr. It must be > 0, and the sandbox's own cap
 	// (bundle.Config) bounds it too.
@@ -112,6 +118,9 @@ func (r Request) Validate() error {
 	if r.Timeout <= 0 {
 		return fmt.Errorf("timeout must be > 0, got %v", r.Timeout)
 	}
+	if r.CPULimit < 0 {
+		return fmt.Errorf("CPU limit must be ≥ 0, got %v", r.CPULimit)
+	}
 	if r.MaxOutputBytes <= 0 {
 		return fmt.Errorf("output cap must be > 0, got %d", r.MaxOutputBytes)
 	}
@@ -149,10 +158,14 @@ func CheckRelPath(p string) error {
 
 // Result is the verdict of one run.
 type Result struct {
+	// Stdout and Stderr are what the program wrote, each within the
+	// request's cap: past it, its first and last parts (half each)
+	// around a line saying how many bytes were left out between them
+	// (StdoutTruncated, StderrTruncated).
 	Stdout, Stderr                   []byte
 	StdoutTruncated, StderrTruncated bool
 	// StdoutBytes and StderrBytes count everything the program wrote,
-	// including what was dropped past the cap.
+	// including what was left out.
 	StdoutBytes, StderrBytes int64
 	// ExitCode is the exit status, or 128+N when a signal N ended it.
 	ExitCode int
@@ -161,6 +174,9 @@ type Result struct {
 	Signal int
 	// TimedOut: the wall-clock limit was hit and the container killed.
 	TimedOut bool
+	// CPULimited: the request's CPU limit ended the run (and not its
+	// timeout, nor the code on its own).
+	CPULimited bool
 	// OOMKilled: the memory limit killed a process of the container; in
 	// the process runtime, whose memory limit is an rlimit that refuses an
 	// allocation instead, an uncaught MemoryError ended the code
@@ -222,8 +238,8 @@ type Result struct {
 
 // LeftOut is an entry of /tmp/outputs that did not come back.
 type LeftOut struct {
-	// Path is relative to /tmp/outputs; a directory's ends in "/" ("./"
-	// for outputs itself).
+	// Path is relative to /tmp/outputs, its bytes as the code named it; a
+	// directory's ends in "/" ("./" for outputs itself).
 	Path string
 	// Size is the file's size in bytes (0 for a directory).
 	Size int64
@@ -248,7 +264,7 @@ const (
 
 // SessionEnd is why a persistent session ended: every value the
 // server's session_ended can take, one vocabulary. A Session ends on its
-// own only for EndTimeout, EndOOM or EndExited; the others are the
+// own only for EndTimeout, EndOOM, EndCPU or EndExited; the others are the
 // server's reasons to close one.
 type SessionEnd string
 
@@ -262,6 +278,10 @@ const (
 	// EndExited: the interpreter ended (sys.exit, os._exit, a crash), or
 	// the sandbox could not go on.
 	EndExited SessionEnd = "exited"
+	// EndCPU: the code was still running a moment after the interrupt of
+	// its CPU limit, or its RLIMIT_CPU ended the interpreter (the process
+	// runtime), and the sandbox was killed.
+	EndCPU SessionEnd = "cpu_limit"
 	// EndClosed: a call ended it with end_session, or its client went.
 	EndClosed SessionEnd = "closed"
 	// EndIdle: no call came for the idle time.

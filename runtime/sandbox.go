@@ -244,6 +244,8 @@ func (sb *sandbox) run(ctx context.Context, req Request) (Result, error) {
 		if merr := sb.move(ready, running); merr != nil {
 			res.Ended = EndExited
 		}
+	case res.CPULimited:
+		res.Ended = EndCPU
 	case res.TimedOut:
 		res.Ended = EndTimeout
 	default:

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	goruntime "runtime"
 	"syscall"
 	"time"
 
@@ -26,6 +27,12 @@ const (
 	// KeyboardInterrupt of its timeout, to stop before its sandbox is
 	// killed.
 	interruptGrace = time.Second
+	// cpuPollMin and cpuPollMax bound how long the supervision waits
+	// between two reads of a call's CPU time, under a CPU limit: the
+	// soonest the limit can be reached, were every CPU of the host
+	// the call's, within these.
+	cpuPollMin = 2 * time.Millisecond
+	cpuPollMax = 100 * time.Millisecond
 )
 
 // supervisionTimer can be turned off by a test, to play a server whose own
@@ -86,15 +93,20 @@ type call struct {
 	req    Request
 	exited <-chan struct{}
 
-	res       Result
-	start     time.Time // the init said the code has it; zero until then
-	exitAt    time.Time // the init said the code exited
-	exit      *event
-	out       *callOutput
-	cpu0      time.Duration // at the start, and at the exit
-	cpu1      time.Duration
+	res    Result
+	start  time.Time // the init said the code has it; zero until then
+	exitAt time.Time // the init said the code exited
+	exit   *event
+	out    *callOutput
+	cpu0   time.Duration // at the start, and at the exit
+	cpu1   time.Duration
+	// cpuSeen is the most the CPU checks read: the process runtime's
+	// measure of its process tree reads nothing once the tree is killed,
+	// and a call ended at its CPU limit used that much at least.
+	cpuSeen   time.Duration
 	timer     <-chan time.Time // the timeout, from the start
 	stopTimer func()
+	cpuCheck  <-chan time.Time // the next read of the CPU time, under a CPU limit
 	grace     <-chan time.Time // the kill after a stop
 	idle      bool             // a session's call is over; its sandbox waits for the next
 	ended     bool             // the init's stdout ended, or it said it is done or idle
@@ -121,6 +133,8 @@ func (k *call) serve() {
 			k.onFrame(ev)
 		case <-k.timer:
 			k.onTimer()
+		case <-k.cpuCheck:
+			k.onCPUCheck()
 		case <-k.grace:
 			k.onGrace()
 		case <-k.ctx.Done():
@@ -177,6 +191,36 @@ func (k *call) onStarted(ev event) {
 		k.timer, k.stopTimer = t.C, func() { t.Stop() }
 	}
 	k.c.deadline(k.start.Add(k.req.Timeout + watchdogGrace))
+	if k.req.CPULimit > 0 {
+		k.nextCPUCheck(0)
+	}
+}
+
+// nextCPUCheck waits, before reading the call's CPU time again, for the
+// least time the rest of its limit can take: the host's every CPU busy
+// with it.
+func (k *call) nextCPUCheck(used time.Duration) {
+	wait := (k.req.CPULimit - used) / time.Duration(goruntime.NumCPU())
+	k.cpuCheck = time.After(min(max(wait, cpuPollMin), cpuPollMax))
+}
+
+// onCPUCheck: the code has used its CPU time, as the host's kernel
+// accounts it to the call's cgroup, or not yet. At its limit it is
+// stopped as at a timeout (a session's interrupted first), and only its
+// CPU limit is said to have ended it.
+func (k *call) onCPUCheck() {
+	now := k.c.cpu()
+	k.cpuSeen = max(k.cpuSeen, now)
+	used := now - k.cpu0
+	if used < k.req.CPULimit {
+		k.nextCPUCheck(used)
+		return
+	}
+	k.cpuCheck = nil
+	k.res.CPULimited = true
+	k.stopTimer()
+	k.timer = nil
+	k.stop()
 }
 
 // onExit: the code is over; the init exports its files.
@@ -184,16 +228,16 @@ func (k *call) onExit(ev event) {
 	k.exit = &ev
 	k.exitAt = ev.at
 	k.res.Duration = ev.ran
-	k.cpu1 = k.c.cpu()
+	k.cpu1 = max(k.c.cpu(), k.cpuSeen)
 	k.stopTimer()
-	k.timer = nil
+	k.timer, k.cpuCheck = nil, nil
 	k.grace = time.After(exportTimeout)
 	k.c.deadline(time.Now().Add(exportTimeout + time.Second))
 }
 
 func (k *call) onTimer() {
 	k.res.TimedOut = true
-	k.timer = nil
+	k.timer, k.cpuCheck = nil, nil
 	k.stop()
 }
 
@@ -248,10 +292,15 @@ func (k *call) collect() {
 // container's measures, and how the code ended.
 func (k *call) result() (Result, bool, error) {
 	res, req, out := &k.res, k.req, k.out
-	res.Stdout, res.StdoutTruncated, res.StdoutBytes = out.stdout.result()
-	res.Stderr, res.StderrTruncated, res.StderrBytes = out.stderr.result()
-	res.Stdout, res.Stderr = capped(res.Stdout, req.MaxOutputBytes, &res.StdoutTruncated), capped(res.Stderr, req.MaxOutputBytes, &res.StderrTruncated)
-	res.Stderr = withNotes(res.Stderr, out.notes, req.MaxOutputBytes, &res.StderrTruncated)
+	// The init counted everything; it sent only what fits the cap.
+	res.StdoutBytes, res.StderrBytes = out.stdout.seen, out.stderr.seen
+	if ev := k.exit; ev != nil {
+		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, ev.outTotal), max(res.StderrBytes, ev.errTotal)
+	}
+	notes := notesText(out.stderr, out.notes, req.MaxOutputBytes)
+	res.Stdout, res.StdoutTruncated = out.stdout.result(req.MaxOutputBytes, res.StdoutBytes)
+	res.Stderr, res.StderrTruncated = out.stderr.result(req.MaxOutputBytes-int64(len(notes)), res.StderrBytes)
+	res.Stderr = append(res.Stderr[:len(res.Stderr):len(res.Stderr)], notes...)
 	res.Files, res.FilesTruncated, res.FilesLeftOut = out.files, out.skipped, out.leftOut
 	res.Value = capped(out.value, req.MaxOutputBytes, &res.ValueTruncated)
 	killedForSockets := res.SocketsKilled
@@ -262,7 +311,7 @@ func (k *call) result() (Result, bool, error) {
 	// The code's CPU time: from when it had its code to its exit, not the
 	// interpreter's start-up before (or gVisor's boot).
 	if k.exit == nil {
-		k.cpu1 = res.CPUTime
+		k.cpu1 = max(res.CPUTime, k.cpuSeen)
 	}
 	if !k.start.IsZero() && k.cpu1 >= k.cpu0 {
 		res.CPUTime = k.cpu1 - k.cpu0
@@ -308,6 +357,12 @@ func (k *call) ending() {
 		res.StdoutBytes, res.StderrBytes = max(res.StdoutBytes, ev.outTotal), max(res.StderrBytes, ev.errTotal)
 		res.StdoutTruncated = res.StdoutTruncated || ev.outTotal > int64(len(res.Stdout))
 		res.StderrTruncated = res.StderrTruncated || ev.errTotal > int64(len(res.Stderr))
+		// The CPU limit ended the run unless the code ended on its own
+		// first: a fresh call's exited rather than being killed, a
+		// session's call ended well rather than being interrupted.
+		if cell := ev.flags&initproto.ExitCell != 0; res.CPULimited && (cell && ws.ExitStatus() == 0 || !cell && ws.Exited()) {
+			res.CPULimited = false
+		}
 		return
 	}
 	// The init died with the code running: the memory limit's OOM killer,
@@ -328,15 +383,15 @@ func (req Request) phases(start, exited time.Time) {
 	req.Phases.span(PhaseCollect, exited, now)
 }
 
-// withNotes ends stderr with the init's notes for the caller, each on a
-// line of its own, within the cap: what the code wrote makes room for
-// them, as they say why its run ended as it did.
-func withNotes(stderr []byte, notes []string, max int64, truncated *bool) []byte {
+// notesText is the init's notes for the caller, each on a line of its
+// own, to end stderr with, within the cap: what the code wrote makes
+// room for them, as they say why its run ended as it did.
+func notesText(stderr *streamBuffer, notes []string, max int64) []byte {
 	if len(notes) == 0 {
-		return stderr
+		return nil
 	}
 	var add []byte
-	if len(stderr) > 0 && stderr[len(stderr)-1] != '\n' {
+	if p := stderr.bytes(); len(p) > 0 && p[len(p)-1] != '\n' {
 		add = append(add, '\n')
 	}
 	for _, n := range notes {
@@ -345,10 +400,7 @@ func withNotes(stderr []byte, notes []string, max int64, truncated *bool) []byte
 	if int64(len(add)) > max {
 		add = add[:max]
 	}
-	if keep := max - int64(len(add)); int64(len(stderr)) > keep {
-		stderr, *truncated = stderr[:keep], true
-	}
-	return append(stderr[:len(stderr):len(stderr)], add...)
+	return add
 }
 
 // capped keeps at most n bytes of b.

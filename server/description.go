@@ -44,6 +44,15 @@ func (s *Server) tool() *mcp.Tool {
 					"description": fmt.Sprintf("wall-clock limit in seconds, > 0 and ≤ %s; default %s",
 						fmtSeconds(s.opts.MaxTimeout), fmtSeconds(s.opts.DefaultTimeout)),
 				},
+				"cpu_limit_s": map[string]any{
+					"type": "number",
+					"description": fmt.Sprintf("CPU time limit in seconds, all the code's processes together, > 0 and ≤ %s; reaching it ends the run with cpu_limited (beside the wall clock of timeout_s); default none",
+						fmtSeconds(s.opts.maxCPU())),
+				},
+				"binary_output": map[string]any{
+					"type":        "boolean",
+					"description": "also return stdout and stderr as their bytes, base64-encoded (stdout_base64, stderr_base64)",
+				},
 				"files": filesSchema(s.opts),
 				"session": map[string]any{
 					"type":        "string",
@@ -106,6 +115,13 @@ func (s *Server) description() string {
 	}
 	fmt.Fprintf(&b, "To hand the code data, send files (written under %s before it starts); to get files back, have the code write them to %s: "+
 		"each comes back as an image or a resource (at most %d files, %d bytes in all). ", dir, outputs, o.MaxFiles, o.MaxFileBytes)
+	if d := info.Data; d != nil {
+		more := ""
+		if d.Partial {
+			more = "at least "
+		}
+		fmt.Fprintf(&b, "Data is in %s, read-only: %s%d files, %s in all; read it there rather than sending it in files. ", d.Path, more, d.Files, humanBytes(d.Bytes))
+	}
 	if slices.Contains(info.Modules, "matplotlib") {
 		fmt.Fprintf(&b, "plt.show() saves each figure as a PNG in %s, so a plot comes back as an image. ", outputs)
 	}
@@ -131,6 +147,19 @@ func (s *Server) description() string {
 		b.WriteString(" " + info.Note)
 	}
 	return b.String()
+}
+
+// humanBytes is a size as a person reads it: 6.5 MB.
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1e9:
+		return strconv.FormatFloat(float64(n)/1e9, 'f', 1, 64) + " GB"
+	case n >= 1e6:
+		return strconv.FormatFloat(float64(n)/1e6, 'f', 1, 64) + " MB"
+	case n >= 1e3:
+		return strconv.FormatFloat(float64(n)/1e3, 'f', 1, 64) + " kB"
+	}
+	return strconv.FormatInt(n, 10) + " bytes"
 }
 
 // ceilMS rounds up to whole milliseconds: a run of 0.4 ms took time, and

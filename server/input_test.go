@@ -26,7 +26,7 @@ func TestUnknownArguments(t *testing.T) {
 	o.Audit = audit
 	eng := newFakeEngine()
 	_, cs := connect(t, eng, o, nil)
-	const takes = " (exec takes code, end_session, files, session, stdin, timeout_s)"
+	const takes = " (exec takes binary_output, code, cpu_limit_s, end_session, files, session, stdin, timeout_s)"
 	for _, tc := range []struct {
 		name string
 		args map[string]any

@@ -15,6 +15,9 @@ import (
 type Options struct {
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
+	// MaxCPU is the largest CPU time limit a call may ask for (0:
+	// MaxTimeout).
+	MaxCPU time.Duration
 	// CallCaps bound a call's code, stdin, output and files.
 	policy.CallCaps
 	// Limits are the sandbox's resource limits, for the description and
@@ -78,6 +81,14 @@ type Options struct {
 	Ready   func() error
 }
 
+// maxCPU is the largest cpu_limit_s.
+func (o Options) maxCPU() time.Duration {
+	if o.MaxCPU > 0 {
+		return o.MaxCPU
+	}
+	return o.MaxTimeout
+}
+
 // perClient is how many persistent sessions one client may hold.
 func (o Options) perClient() int {
 	if o.PersistentPerClient > 0 {
@@ -111,6 +122,9 @@ func (o Options) Validate() error {
 	var errs []error
 	if o.DefaultTimeout <= 0 || o.MaxTimeout <= 0 {
 		errs = append(errs, errors.New("{DefaultTimeout} and {MaxTimeout} must be > 0"))
+	}
+	if o.MaxCPU < 0 {
+		errs = append(errs, fmt.Errorf("{MaxCPU} must be > 0, got %v", o.MaxCPU))
 	}
 	if o.DefaultTimeout > o.MaxTimeout {
 		errs = append(errs, fmt.Errorf("{DefaultTimeout} (%s) must not exceed {MaxTimeout} (%s)",

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/inhuman/mcp-exec/runtime"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -70,11 +71,16 @@ func newestOutput(live *runtime.Live) string {
 	if seq == 0 {
 		return ""
 	}
-	// Whole lines where the tail was cut; whole characters in any case.
+	// Whole lines where the tail was cut; whole characters in any case
+	// (a character cut at the start is dropped, a byte that is none is
+	// shown as U+FFFD).
 	if i := bytes.IndexByte(tail, '\n'); i >= 0 && i < len(tail)-1 && len(tail) >= 300 {
 		tail = tail[i+1:]
 	}
-	text := strings.TrimRight(strings.ToValidUTF8(string(tail), ""), "\n")
+	for i := 0; i < utf8.UTFMax-1 && len(tail) > 0 && !utf8.RuneStart(tail[0]); i++ {
+		tail = tail[1:]
+	}
+	text := strings.TrimRight(validText(tail), "\n")
 	return stream + ": " + text
 }
 

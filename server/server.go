@@ -22,6 +22,7 @@ import (
 	"context"
 	"crypto/sha256"
 	_ "embed"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -31,6 +32,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -74,6 +76,20 @@ type EngineInfo struct {
 	// Network, with the network allowlist on, says what the code can
 	// reach and how (pip included); empty: no network at all.
 	Network string
+	// Data, when not nil, is the operator's data every sandbox has,
+	// read-only.
+	Data *DataInfo
+}
+
+// DataInfo is what the operator's data dir holds, as the server started.
+type DataInfo struct {
+	// Path is where the sandbox has it.
+	Path string
+	// Files and Bytes count its regular files and their bytes; Partial:
+	// the count stopped at its bound, and there are more.
+	Files   int
+	Bytes   int64
+	Partial bool
 }
 
 // Server runs exec calls: it validates input, bounds concurrency and the
@@ -133,22 +149,29 @@ func (s *Server) serving(ctx context.Context) {
 // execInput is the exec tool's input. TimeoutS is a pointer so that an
 // explicit 0 is told apart from "not given", and refused.
 type execInput struct {
-	Code       string      `json:"code"`
-	Stdin      string      `json:"stdin,omitempty"`
-	TimeoutS   *float64    `json:"timeout_s,omitempty"`
-	Files      []inputFile `json:"files,omitempty"`
-	Session    string      `json:"session,omitempty"`
-	EndSession bool        `json:"end_session,omitempty"`
+	Code      string   `json:"code"`
+	Stdin     string   `json:"stdin,omitempty"`
+	TimeoutS  *float64 `json:"timeout_s,omitempty"`
+	CPULimitS *float64 `json:"cpu_limit_s,omitempty"`
+	// BinaryOutput asks for the streams' bytes as they are, in base64,
+	// beside their text.
+	BinaryOutput bool        `json:"binary_output,omitempty"`
+	Files        []inputFile `json:"files,omitempty"`
+	Session      string      `json:"session,omitempty"`
+	EndSession   bool        `json:"end_session,omitempty"`
 }
 
 // execOutput is the call's structuredContent. The contract's fields are
 // never renamed or removed; the rest are extras.
 type execOutput struct {
-	Stdout          string             `json:"stdout" jsonschema:"what the program wrote to stdout (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
-	Stderr          string             `json:"stderr" jsonschema:"what the program wrote to stderr (invalid UTF-8 replaced by U+FFFD), at most the output cap"`
+	Stdout          string             `json:"stdout" jsonschema:"what the program wrote to stdout (each byte of invalid UTF-8 replaced by one U+FFFD), at most the output cap: past it, its first and last parts with a line between saying how many bytes were left out"`
+	Stderr          string             `json:"stderr" jsonschema:"what the program wrote to stderr (each byte of invalid UTF-8 replaced by one U+FFFD), at most the output cap: past it, its first and last parts with a line between saying how many bytes were left out"`
+	StdoutBase64    string             `json:"stdout_base64,omitempty" jsonschema:"with binary_output: stdout's bytes as they are (the same parts as stdout), base64-encoded"`
+	StderrBase64    string             `json:"stderr_base64,omitempty" jsonschema:"with binary_output: stderr's bytes as they are (the same parts as stderr), base64-encoded"`
 	ExitCode        int                `json:"exit_code" jsonschema:"exit status; 128+N when killed by signal N"`
 	Signal          string             `json:"signal" jsonschema:"the signal that killed the program (e.g. SIGSEGV, SIGKILL), then exit_code is 128 + its number; empty when it exited"`
 	TimedOut        bool               `json:"timed_out" jsonschema:"the wall-clock limit was hit: a fresh call's sandbox was killed; in a persistent session the code was interrupted (KeyboardInterrupt) and, if it stopped, the session lives on (session_ended empty), else its sandbox was killed (session_ended timeout)"`
+	CPULimited      bool               `json:"cpu_limited" jsonschema:"the CPU time limit (cpu_limit_s) ended the run: a fresh call's sandbox was killed; a persistent session's code was interrupted (KeyboardInterrupt) and, if it stopped, the session lives on"`
 	OOMKilled       bool               `json:"oom_killed" jsonschema:"the memory limit killed a process (in the process runtime: its limit refused an allocation and the MemoryError ended the code)"`
 	PidsLimited     bool               `json:"pids_limited" jsonschema:"creating a process or thread failed at the process limit"`
 	StdoutTruncated bool               `json:"stdout_truncated" jsonschema:"stdout went past its cap and was cut; the program was not blocked or killed for it"`
@@ -166,7 +189,7 @@ type execOutput struct {
 	Result          string             `json:"result" jsonschema:"the repr of the value of the code's last statement when that is an expression and the value is not None, else empty; at most the output cap"`
 	ResultTruncated bool               `json:"result_truncated" jsonschema:"result went past the output cap and was cut"`
 	Session         string             `json:"session" jsonschema:"the persistent session's handle when the call ran in one, else empty"`
-	SessionEnded    runtime.SessionEnd `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, oom, exited, idle, lifetime or shutdown"`
+	SessionEnded    runtime.SessionEnd `json:"session_ended" jsonschema:"empty while the session lives on, else why it is gone: closed, timeout, cpu_limit, oom, exited, idle, lifetime or shutdown"`
 	Egress          []egressDest       `json:"egress" jsonschema:"each host:port the code asked the network proxy for (with the network allowlist on; else empty), in the order first asked: bytes each way, and whether it was allowed"`
 }
 
@@ -281,10 +304,10 @@ func (s *Server) handler(originOf func(*mcp.CallToolRequest) origin) mcp.ToolHan
 		}
 		// Any other error came after the code ran, tearing down: its
 		// verdict stands, and endCall logged the error for the operator.
-		out := outputOf(res, s.info.Runtime)
+		out := outputOf(res, s.info.Runtime, in.BinaryOutput)
 		out.Session, out.SessionEnded = so.handle, so.ended
 		files, shown := s.fileBlocks(res.Files, &out, s.scopeOf(req.Session))
-		text := s.summary(callText{out: out, timeout: timeout, shown: shown, endDetail: so.detail, memoryRefused: res.MemoryRefused})
+		text := s.summary(callText{out: out, timeout: timeout, cpuLimit: s.cpuLimit(in), shown: shown, endDetail: so.detail, memoryRefused: res.MemoryRefused})
 		return &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: text}}, files...)}, out, nil
 	}
 }
@@ -344,9 +367,19 @@ func (s *Server) request(ctx context.Context, in execInput, files []runtime.File
 		Stdin:          []byte(in.Stdin),
 		Files:          files,
 		Timeout:        timeout,
+		CPULimit:       s.cpuLimit(in),
 		MaxOutputBytes: s.opts.MaxOutputBytes,
 		Live:           live,
 	}
+}
+
+// cpuLimit is the call's CPU time limit, 0 for none: the input's, which
+// validate checked.
+func (s *Server) cpuLimit(in execInput) time.Duration {
+	if in.CPULimitS == nil {
+		return 0
+	}
+	return time.Duration(*in.CPULimitS * float64(time.Second))
 }
 
 // live is where a call's output is shown as it comes, when its client
@@ -397,6 +430,12 @@ func (s *Server) validate(in execInput) (time.Duration, error) {
 	}
 	if n := int64(len(in.Stdin)); n > s.opts.MaxStdinBytes {
 		return 0, fmt.Errorf("stdin is %d bytes, over the limit of %d (MCP_EXEC_MAX_STDIN_BYTES)", n, s.opts.MaxStdinBytes)
+	}
+	if f := in.CPULimitS; f != nil {
+		if d := time.Duration(*f * float64(time.Second)); !(*f > 0) || d <= 0 || *f > s.opts.maxCPU().Seconds() {
+			return 0, fmt.Errorf("cpu_limit_s must be > 0 and ≤ %s (MCP_EXEC_MAX_CPU_S), got %s",
+				fmtSeconds(s.opts.maxCPU()), strconv.FormatFloat(*f, 'g', -1, 64))
+		}
 	}
 	if in.TimeoutS == nil {
 		return s.opts.DefaultTimeout, nil
@@ -453,14 +492,18 @@ func (s *Server) newRecord(client string, in execInput) auditRecord {
 	}
 }
 
-func outputOf(res runtime.Result, runtimeName string) execOutput {
+func outputOf(res runtime.Result, runtimeName string, binary bool) execOutput {
 	files := make([]outputFile, len(res.Files))
 	for i, f := range res.Files {
 		files[i] = outputFile{Path: f.Path, Size: int64(len(f.Data)), MIMEType: mimeType(f.Path, f.Data)}
 	}
 	left := make([]leftOutFile, len(res.FilesLeftOut))
 	for i, l := range res.FilesLeftOut {
-		left[i] = leftOutFile{Path: l.Path, Size: l.Size, Why: string(l.Why)}
+		left[i] = leftOutFile{Path: validText([]byte(l.Path)), Size: l.Size, Why: string(l.Why)}
+	}
+	var stdout64, stderr64 string
+	if binary {
+		stdout64, stderr64 = base64.StdEncoding.EncodeToString(res.Stdout), base64.StdEncoding.EncodeToString(res.Stderr)
 	}
 	egress := make([]egressDest, len(res.Egress))
 	for i, d := range res.Egress {
@@ -468,14 +511,17 @@ func outputOf(res runtime.Result, runtimeName string) execOutput {
 	}
 	return execOutput{
 		Egress:          egress,
+		StdoutBase64:    stdout64,
+		StderrBase64:    stderr64,
+		CPULimited:      res.CPULimited,
 		Files:           files,
 		FilesTruncated:  res.FilesTruncated,
 		FilesLeftOut:    left,
 		Signal:          signalName(res.Signal),
 		StdoutBytes:     max(res.StdoutBytes, int64(len(res.Stdout))),
 		StderrBytes:     max(res.StderrBytes, int64(len(res.Stderr))),
-		Stdout:          strings.ToValidUTF8(string(res.Stdout), "\uFFFD"),
-		Stderr:          strings.ToValidUTF8(string(res.Stderr), "\uFFFD"),
+		Stdout:          validText(res.Stdout),
+		Stderr:          validText(res.Stderr),
 		ExitCode:        res.ExitCode,
 		TimedOut:        res.TimedOut,
 		OOMKilled:       res.OOMKilled,
@@ -484,12 +530,34 @@ func outputOf(res runtime.Result, runtimeName string) execOutput {
 		StderrTruncated: res.StderrTruncated,
 		Truncated:       res.StdoutTruncated || res.StderrTruncated,
 		DurationMS:      ceilMS(res.Duration),
-		Result:          strings.ToValidUTF8(string(res.Value), "\uFFFD"),
+		Result:          validText(res.Value),
 		ResultTruncated: res.ValueTruncated,
 		CPUMS:           res.CPUTime.Milliseconds(),
 		PeakMemoryBytes: res.PeakMemoryBytes,
 		Runtime:         runtimeName,
 	}
+}
+
+// validText is b as valid UTF-8, each byte that is not part of a valid
+// character replaced by one U+FFFD (as a decoder that reads byte by
+// byte would): a run of bad bytes keeps its length, and a count of them
+// holds. (strings.ToValidUTF8 makes one U+FFFD of a whole run.)
+func validText(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	var sb strings.Builder
+	sb.Grow(len(b) + len(b)/2)
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		if r == utf8.RuneError && n == 1 {
+			sb.WriteString("\uFFFD")
+		} else {
+			sb.Write(b[:n])
+		}
+		b = b[n:]
+	}
+	return sb.String()
 }
 
 func fmtSeconds(d time.Duration) string {

@@ -87,6 +87,14 @@ func (f *fakeEngine) Run(ctx context.Context, req runtime.Request) (runtime.Resu
 		fmt.Sscan(arg, &res.ExitCode)
 	case "stdin":
 		res.Stdout = req.Stdin
+	case "cpu":
+		// cpu: the CPU limit ends the run, when there is one.
+		if req.CPULimit > 0 {
+			res.CPULimited, res.ExitCode, res.Signal, res.CPUTime = true, 137, 9, req.CPULimit
+		}
+	case "bytes":
+		// bytes: stdout that is not UTF-8, a run of bad bytes among good.
+		res.Stdout, res.Stderr = []byte("a\xff\xfe\xfdb \xe2\x82 \xe2\x82\xac"), []byte("\x80")
 	case "signal":
 		fmt.Sscan(arg, &res.Signal)
 		res.ExitCode = 128 + res.Signal
@@ -617,6 +625,10 @@ func TestValidate(t *testing.T) {
 		{"stdin at the limit", execInput{Code: "1", Stdin: strings.Repeat("x", 1<<20)}, 30 * time.Second, ""},
 		{"stdin over the limit", execInput{Code: "1", Stdin: strings.Repeat("x", 1<<20+1)}, 0, "stdin is 1048577 bytes, over the limit of 1048576 (MCP_EXEC_MAX_STDIN_BYTES)"},
 		{"NUL in stdin is data", execInput{Code: "1", Stdin: "a\x00b"}, 30 * time.Second, ""},
+		{"a CPU limit", execInput{Code: "1", CPULimitS: f(0.5)}, 30 * time.Second, ""},
+		{"a CPU limit at the maximum", execInput{Code: "1", CPULimitS: f(300)}, 30 * time.Second, ""},
+		{"a CPU limit over the maximum", execInput{Code: "1", CPULimitS: f(301)}, 0, "cpu_limit_s must be > 0 and ≤ 300 (MCP_EXEC_MAX_CPU_S), got 301"},
+		{"a CPU limit of 0", execInput{Code: "1", CPULimitS: f(0)}, 0, "cpu_limit_s must be > 0 and ≤ 300 (MCP_EXEC_MAX_CPU_S), got 0"},
 	} {
 		got, err := s.validate(tc.in)
 		if tc.wantErr != "" {
@@ -789,6 +801,30 @@ func TestDescriptionProcess(t *testing.T) {
 	}
 	if strings.Contains(d, "/tmp/outputs") || strings.Contains(d, "read-only except /tmp") {
 		t.Errorf("description under the process runtime names the machine's /tmp as the call's:\n%s", d)
+	}
+}
+
+// The data dir in the description: where, how much as a person reads it,
+// and "at least" when the listing stopped at its bound; nothing without.
+func TestDescriptionData(t *testing.T) {
+	for _, c := range []struct {
+		data *DataInfo
+		want string
+	}{
+		{&DataInfo{Path: "/data", Files: 3, Bytes: 6_543_210}, "Data is in /data, read-only: 3 files, 6.5 MB in all;"},
+		{&DataInfo{Path: "/data", Files: 100000, Bytes: 999, Partial: true}, "Data is in /data, read-only: at least 100000 files, 999 bytes in all;"},
+		{nil, ""},
+	} {
+		eng := newFakeEngine()
+		eng.info.Data = c.data
+		srv, err := New(eng, testOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := srv.description()
+		if c.want == "" && strings.Contains(d, "/data") || !strings.Contains(d, c.want) {
+			t.Errorf("description with %+v, want %q:\n%s", c.data, c.want, d)
+		}
 	}
 }
 

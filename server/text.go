@@ -32,8 +32,9 @@ const minTextBytes = 1 << 10
 
 // callText is what the text block tells of a call.
 type callText struct {
-	out     execOutput
-	timeout time.Duration
+	out      execOutput
+	timeout  time.Duration
+	cpuLimit time.Duration
 	// shown says, for each of out.Files, how it came back: "below" (a
 	// content block), "image below", or "link" (a resource_link to its
 	// uri).
@@ -76,6 +77,9 @@ func (s *Server) verdictLine(c callText) string {
 	}
 	if out.TimedOut {
 		b.WriteString("; " + timeoutText(out, c.timeout))
+	}
+	if out.CPULimited {
+		b.WriteString("; " + cpuLimitText(out, c.cpuLimit))
 	}
 	switch {
 	case out.OOMKilled && c.memoryRefused:
@@ -122,6 +126,19 @@ func timeoutText(out execOutput, timeout time.Duration) string {
 		return after + ": the code was interrupted (KeyboardInterrupt) and stopped; the session and its variables live on"
 	}
 	return after + ": the code was interrupted (KeyboardInterrupt) and stopped"
+}
+
+// cpuLimitText says what reaching the CPU limit did, as timeoutText
+// says it of the wall clock.
+func cpuLimitText(out execOutput, limit time.Duration) string {
+	reached := fmt.Sprintf("CPU time limit of %s s reached", fmtSeconds(limit))
+	switch {
+	case out.Session == "":
+		return reached + ": the sandbox was killed"
+	case out.SessionEnded == "":
+		return reached + ": the code was interrupted (KeyboardInterrupt) and stopped; the session and its variables live on"
+	}
+	return reached
 }
 
 // shownName is a file name the code chose, as the text lists it: quoted

@@ -93,11 +93,15 @@ func TestVerdictTexts(t *testing.T) {
 			"exit code 137, killed by SIGKILL (signal 9); timed out after 2 s: the sandbox was killed (0 ms)\n"},
 		{"session kept", execOutput{ExitCode: 130, TimedOut: true, Session: h},
 			"exit code 130; timed out after 2 s: the code was interrupted (KeyboardInterrupt) and stopped; the session and its variables live on; persistent session " + h + " (0 ms)\n"},
+		{"CPU limit", execOutput{ExitCode: 137, Signal: "SIGKILL", CPULimited: true},
+			"exit code 137, killed by SIGKILL (signal 9); CPU time limit of 1.5 s reached: the sandbox was killed (0 ms)\n"},
+		{"CPU limit, session kept", execOutput{ExitCode: 130, CPULimited: true, Session: h},
+			"exit code 130; CPU time limit of 1.5 s reached: the code was interrupted (KeyboardInterrupt) and stopped; the session and its variables live on; persistent session " + h + " (0 ms)\n"},
 		{"session killed", execOutput{ExitCode: 137, Signal: "SIGKILL", TimedOut: true, Session: h, SessionEnded: "timeout"},
 			"exit code 137, killed by SIGKILL (signal 9); timed out after 2 s; persistent session " + h +
 				" ended (timeout: a call was still running a second after its KeyboardInterrupt, and the sandbox was killed) (0 ms)\n"},
 	} {
-		if got := s.verdictLine(callText{out: tc.out, timeout: 2 * time.Second}); got != tc.want {
+		if got := s.verdictLine(callText{out: tc.out, timeout: 2 * time.Second, cpuLimit: 1500 * time.Millisecond}); got != tc.want {
 			t.Errorf("%s: %q\nwant %q", tc.name, got, tc.want)
 		}
 	}
@@ -118,6 +122,28 @@ func TestVerdictTextsThroughAClient(t *testing.T) {
 	if !out.TimedOut || out.SessionEnded != "" || !strings.Contains(text(res), "interrupted (KeyboardInterrupt) and stopped; the session and its variables live on") ||
 		strings.Contains(text(res), "killed") {
 		t.Errorf("a session's timeout the code stopped for: %+v\n%s", out, text(res))
+	}
+}
+
+// For evaluators: the CPU limit reaches the engine and comes back as its
+// own verdict; a byte that is not UTF-8 is one U+FFFD each (a count of
+// them holds), and binary_output gives the bytes as they are.
+func TestCPULimitAndBytesThroughAClient(t *testing.T) {
+	_, cs := connect(t, newFakeEngine(), testOptions(), nil)
+	out, res := call(t, cs, map[string]any{"code": "cpu", "cpu_limit_s": 1.5})
+	if !out.CPULimited || out.TimedOut || !strings.Contains(text(res), "; CPU time limit of 1.5 s reached: the sandbox was killed") {
+		t.Errorf("cpu_limit_s 1.5: cpu_limited %v, timed_out %v, text %q", out.CPULimited, out.TimedOut, text(res))
+	}
+	if out, _ := call(t, cs, map[string]any{"code": "cpu"}); out.CPULimited {
+		t.Errorf("no cpu_limit_s: cpu_limited")
+	}
+	out, _ = call(t, cs, map[string]any{"code": "bytes"})
+	if want := "a\uFFFD\uFFFD\uFFFDb \uFFFD\uFFFD €"; out.Stdout != want || out.Stderr != "\uFFFD" || out.StdoutBase64 != "" {
+		t.Errorf("stdout %q, stderr %q, stdout_base64 %q; want %q, one U+FFFD, none", out.Stdout, out.Stderr, out.StdoutBase64, want)
+	}
+	out, _ = call(t, cs, map[string]any{"code": "bytes", "binary_output": true})
+	if out.StdoutBase64 != "Yf/+/WIg4oIg4oKs" || out.StderrBase64 != "gA==" {
+		t.Errorf("binary_output: stdout_base64 %q, stderr_base64 %q", out.StdoutBase64, out.StderrBase64)
 	}
 }
 

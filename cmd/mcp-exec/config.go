@@ -32,6 +32,8 @@ type config struct {
 	AuthTokenFile  string // read into AuthToken by loadConfig
 	DefaultTimeout time.Duration
 	MaxTimeout     time.Duration
+	// MaxCPU bounds a call's cpu_limit_s (0: MaxTimeout).
+	MaxCPU time.Duration
 	policy.CallCaps
 	Runtime runtime.Kind
 	// ProcessNamespaces: whether the process runtime puts each call in
@@ -44,7 +46,10 @@ type config struct {
 	Shell             bool
 	Preload           []string
 	PackagesDir       string
-	PoolSize          int // -1: adaptive
+	// DataDir is the operator's dir of data, read-only at /data in every
+	// sandbox (data.go).
+	DataDir  string
+	PoolSize int // -1: adaptive
 	// Fork makes libcontainer's sandboxes forks of templates, each of
 	// which serves ForkMaxCalls calls for ForkMaxAge at most.
 	Fork           bool
@@ -166,6 +171,7 @@ func (c *config) settings(serverOnly bool) []setting {
 		{"MCP_EXEC_FORK_MAX_CALLS", "fork-max-calls", "calls a template forks sandboxes for before it is replaced", integer(&c.ForkMaxCalls, 1)},
 		{"MCP_EXEC_FORK_MAX_AGE_S", "fork-max-age", "seconds after which a template is replaced", seconds(&c.ForkMaxAge)},
 		{"MCP_EXEC_PACKAGES_DIR", "packages-dir", "a directory of importable packages (e.g. pip install --target DIR), mounted read-only on the import path", str(&c.PackagesDir)},
+		{"MCP_EXEC_DATA_DIR", "data-dir", "a directory of data, mounted read-only (nosuid, nodev, noexec, all the way down) at " + policy.DataDir + " in every sandbox", str(&c.DataDir)},
 		{"MCP_EXEC_MEMORY_MB", "memory-mb", "memory limit per call in MiB (tmpfs pages count too)", byteCount(&c.Limits.MemoryBytes, mib, policy.MinMemoryBytes/mib)},
 		{"MCP_EXEC_PIDS", "pids", "process/thread limit per call", integer(&c.Limits.Pids, policy.MinPids)},
 		{"MCP_EXEC_CPUS", "cpus", "CPU quota per call, in cores", &value[float64]{p: &c.Limits.CPUs, parse: parseCPUs}},
@@ -187,6 +193,7 @@ func (c *config) settings(serverOnly bool) []setting {
 			setting{"MCP_EXEC_MAX_CONCURRENCY", "max-concurrency", "calls running at once; more wait their turn", integer(&c.MaxConcurrency, 1)},
 			setting{"MCP_EXEC_MAX_QUEUED", "max-queued", "calls waiting for a slot; one more is refused (default 4 × max-concurrency)", integer(&c.MaxQueued, 0)},
 			setting{"MCP_EXEC_PROGRESS_S", "progress", "interval of progress notifications in seconds", seconds(&c.Progress)},
+			setting{"MCP_EXEC_MAX_CPU_S", "max-cpu", "largest cpu_limit_s (a call's CPU time limit, all its processes together) a call may ask for (default: max-timeout)", seconds(&c.MaxCPU)},
 			setting{"MCP_EXEC_TEXT_BYTES", "text-bytes", "budget of the text block a model reads of a call: the head and tail of each part past it (structuredContent keeps everything up to max-output-bytes)", byteCount(&c.TextBytes, 1, 1024)},
 			setting{"MCP_EXEC_RESOURCE_MAX_MB", "resource-max-mb", "output files kept as resources (resource_link, resources/read, files[].uri) for the client that made them, in MiB in all, a client at most half; 0 keeps none and every file comes inline", byteCount(&c.ResourceMaxBytes, mib, 0)},
 			setting{"MCP_EXEC_RESOURCE_TTL_S", "resource-ttl", "an output file kept as a resource lives this long after its call", seconds(&c.ResourceTTL)},
@@ -310,6 +317,9 @@ func (c *config) sandboxErrors() []error {
 			c.PackagesDir = abs
 		}
 	}
+	if err := c.checkDataDir(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.Egress.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -350,6 +360,7 @@ func (c *config) serverOptions() server.Options {
 	return server.Options{
 		DefaultTimeout:       c.DefaultTimeout,
 		MaxTimeout:           c.MaxTimeout,
+		MaxCPU:               c.MaxCPU,
 		CallCaps:             c.CallCaps,
 		Limits:               c.Limits,
 		MaxConcurrency:       c.MaxConcurrency,

@@ -97,6 +97,8 @@ type settings struct {
 	// unused are the rootfs settings set, which the process runtime does
 	// not use: it runs the host's interpreter.
 	unused [][2]string
+	// data is what the data dir holds, for the description; nil without.
+	data *server.DataInfo
 }
 
 func settingsOf(cfg config, log *slog.Logger) settings {
@@ -120,9 +122,14 @@ func settingsOf(cfg config, log *slog.Logger) settings {
 			unused = append(unused, v)
 		}
 	}
-	return settings{kind: cfg.Runtime, runtime: rt, limits: cfg.Limits, caps: cfg.CallCaps, unused: unused,
+	var data *server.DataInfo
+	if cfg.DataDir != "" {
+		d := dataListing(cfg.DataDir)
+		data = &d
+	}
+	return settings{kind: cfg.Runtime, runtime: rt, limits: cfg.Limits, caps: cfg.CallCaps, unused: unused, data: data,
 		source: rootfs.Source{Dir: cfg.Rootfs, Image: cfg.RootfsImage, Python: cfg.Python,
-			Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir, CacheDir: cfg.CacheDir},
+			Options: cfg.rootfsOptions(), PackagesDir: cfg.PackagesDir, DataDir: cfg.DataDir, CacheDir: cfg.CacheDir},
 		sessions: runtime.SessionConfig{Background: cfg.PersistentBackground, Park: cfg.PersistentPark, Logger: log}}
 }
 
@@ -445,6 +452,7 @@ func (e *engine) bundleConfig(root rootfs.Root) bundle.Config {
 	if pd := e.set.source.PackagesDir; pd != "" && root.PackagesMount != "" {
 		bc.PackagesDir, bc.PackagesMount = pd, root.PackagesMount
 	}
+	bc.DataDir = e.set.source.DataDir
 	return bc
 }
 
@@ -456,7 +464,10 @@ func threadEnv(cpus float64) []string {
 	return []string{"OPENBLAS_NUM_THREADS=" + n, "OMP_NUM_THREADS=" + n, "MKL_NUM_THREADS=" + n, "NUMEXPR_MAX_THREADS=" + n}
 }
 
-const preloadPrefix = "MCP_EXEC_PRELOAD"
+const (
+	preloadPrefix = "MCP_EXEC_PRELOAD"
+	dataPrefix    = "MCP_EXEC_DATA_DIR"
+)
 
 // validateRootfs runs the interpreter inside a real sandbox and returns its
 // version: a rootfs that cannot run Python there, or import what it is said
@@ -476,6 +487,15 @@ func (e *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
     sys.exit("%[2]s: %[1]s imports, but the interpreter did not import it as it started")
 `, m, preloadPrefix)
 	}
+	if bcfg.DataDir != "" {
+		// The data dir as the sandbox's uid sees it: listed, or why not.
+		probe += fmt.Sprintf(`import os
+try:
+    os.listdir(%[1]q)
+except OSError as e:
+    sys.exit(f"%[2]s: {e.strerror}: %[1]s cannot be listed in the sandbox; it must be readable and searchable by every user (chmod a+rX), the sandbox being a user of its own")
+`, policy.DataDir, dataPrefix)
+	}
 	probe += "import json, sqlite3, ssl, decimal, ctypes, multiprocessing\n"
 	for _, m := range modules {
 		probe += "import " + m + "\n"
@@ -485,7 +505,7 @@ func (e *engine) validateRootfs(ctx context.Context, bcfg bundle.Config, modules
 	if err != nil {
 		return "", err
 	}
-	if line := lastLines(res.Stderr, 1); res.ExitCode == 1 && strings.HasPrefix(line, preloadPrefix+": ") {
+	if line := lastLines(res.Stderr, 1); res.ExitCode == 1 && (strings.HasPrefix(line, preloadPrefix+": ") || strings.HasPrefix(line, dataPrefix+": ")) {
 		return "", errors.New(line)
 	}
 	if res.ExitCode != 0 || res.TimedOut {
@@ -582,7 +602,7 @@ func (s engineSession) Run(ctx context.Context, req runtime.Request) (runtime.Re
 // Info describes the sandbox for the tool description.
 func (e *engine) Info() server.EngineInfo {
 	return server.EngineInfo{Runtime: string(e.rt.Kind()), PythonVersion: e.pythonVersion,
-		Modules: e.contents.Modules, MoreModules: e.moreModules, Shell: e.contents.Shell, Note: e.note, Network: e.network}
+		Modules: e.contents.Modules, MoreModules: e.moreModules, Shell: e.contents.Shell, Note: e.note, Network: e.network, Data: e.set.data}
 }
 
 func (e *engine) close() error {

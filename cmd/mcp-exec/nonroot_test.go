@@ -261,7 +261,7 @@ import time; time.sleep(30)`,
 	if out.Runtime != "process" || !out.TimedOut || out.ExitCode != 137 {
 		t.Errorf("runtime %q, timed out %v, exit %d; want process, a timeout, 137", out.Runtime, out.TimedOut, out.ExitCode)
 	}
-	if want := "65532 ['HOME', 'LANG', 'LC_ALL', 'MKL_NUM_THREADS', 'NUMEXPR_MAX_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'PATH', 'PYTHONDONTWRITEBYTECODE', 'PYTHONIOENCODING', 'PYTHONNOUSERSITE', 'PYTHONUNBUFFERED', 'TMPDIR'] ['in.txt', 'outputs'] given\n"; out.Stdout != want {
+	if want := "65532 ['COLUMNS', 'HOME', 'LANG', 'LC_ALL', 'LINES', 'MKL_NUM_THREADS', 'NUMEXPR_MAX_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', 'PATH', 'PYTHONDONTWRITEBYTECODE', 'PYTHONIOENCODING', 'PYTHONNOUSERSITE', 'PYTHONUNBUFFERED', 'TMPDIR'] ['in.txt', 'outputs'] given\n"; out.Stdout != want {
 		t.Errorf("stdout %q, want %q", out.Stdout, want)
 	}
 	if len(full.Files) != 1 || full.Files[0].Path != "out.txt" {

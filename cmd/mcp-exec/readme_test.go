@@ -86,6 +86,8 @@ func readmeDefault(c config, env, printed string) string {
 		"MCP_EXEC_CACHE_DIR": func() (string, bool) {
 			return "/var/cache/mcp-exec/rootfs or ~/.cache/mcp-exec/rootfs", c.CacheDir == ""
 		},
+		// 0: the largest timeout (server.Options).
+		"MCP_EXEC_MAX_CPU_S": func() (string, bool) { return "MAX_TIMEOUT_S", c.MaxCPU == 0 },
 		// 0 is the server's default, half of the maximum (server.Options).
 		"MCP_EXEC_PERSISTENT_PER_CLIENT": func() (string, bool) { return "PERSISTENT_MAX / 2", c.PersistentPerClient == 0 },
 	}

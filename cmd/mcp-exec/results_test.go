@@ -4,11 +4,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // resultOutput is what these tests read of a result, beyond execOutput.
@@ -16,8 +22,13 @@ type resultOutput struct {
 	ExitCode     int    `json:"exit_code"`
 	Signal       string `json:"signal"`
 	TimedOut     bool   `json:"timed_out"`
+	CPULimited   bool   `json:"cpu_limited"`
+	CPUMS        int64  `json:"cpu_ms"`
 	Stdout       string `json:"stdout"`
+	Stderr       string `json:"stderr"`
+	StdoutBase64 string `json:"stdout_base64"`
 	StdoutBytes  int64  `json:"stdout_bytes"`
+	StdoutCut    bool   `json:"stdout_truncated"`
 	Result       string `json:"result"`
 	Session      string `json:"session"`
 	SessionEnded string `json:"session_ended"`
@@ -96,8 +107,18 @@ func TestBinaryResults(t *testing.T) {
 				t.Errorf("text block lacks %q:\n%s", want, txt)
 			}
 		}
-		if len(out.Stdout) != 1048576 || out.StdoutBytes != 5000008 || len(out.Result) != 1048576 {
+		if len(out.Stdout) != 1048576 || out.StdoutBytes != 5000008 || len(out.Result) != 1048576 || !out.StdoutCut {
 			t.Errorf("structuredContent: stdout %d bytes (of %d), result %d; want the caps' worth", len(out.Stdout), out.StdoutBytes, len(out.Result))
+		}
+		// Head and tail: the first line, the last, and how much was left
+		// out between them.
+		if !strings.HasPrefix(out.Stdout, "00000000 yyy") || !strings.HasSuffix(out.Stdout, "y\nthe end\n") ||
+			!regexp.MustCompile(`\n\[… 39\d{5} bytes left out …\]\n`).MatchString(out.Stdout) {
+			t.Errorf("structuredContent.stdout begins %q, ends %q: want the first and last lines around a count of what was left out",
+				out.Stdout[:min(len(out.Stdout), 30)], out.Stdout[max(0, len(out.Stdout)-30):])
+		}
+		if !strings.Contains(txt, "the end\n") {
+			t.Errorf("the text block lacks the last line:\n%s", txt)
 		}
 	})
 	t.Run("signals", func(t *testing.T) {
@@ -111,6 +132,27 @@ func TestBinaryResults(t *testing.T) {
 		if out, res := callResult(t, a, map[string]any{"code": "while True: pass", "timeout_s": 1}); !out.TimedOut ||
 			!strings.Contains(text(res), "timed out after 1 s: the sandbox was killed") {
 			t.Errorf("a fresh call's timeout: %+v\n%s", out, text(res))
+		}
+	})
+	t.Run("cpu limit", func(t *testing.T) {
+		if out, res := callResult(t, a, map[string]any{"code": "while True: pass", "cpu_limit_s": 1, "timeout_s": 30}); !out.CPULimited || out.TimedOut ||
+			out.CPUMS < 1000 || !strings.Contains(text(res), "; CPU time limit of 1 s reached: the sandbox was killed") {
+			t.Errorf("spinning under cpu_limit_s 1: %+v\n%s", out, text(res))
+		}
+		if out, res := callResult(t, a, map[string]any{"code": "import time\ntime.sleep(60)", "cpu_limit_s": 1, "timeout_s": 2}); out.CPULimited || !out.TimedOut {
+			t.Errorf("sleeping under cpu_limit_s 1, timeout_s 2: %+v\n%s", out, text(res))
+		}
+		if msg := toolError(t, a, map[string]any{"code": "1", "cpu_limit_s": 301}); !strings.HasPrefix(msg, "cpu_limit_s must be > 0 and ≤ 300 (MCP_EXEC_MAX_CPU_S)") {
+			t.Errorf("cpu_limit_s 301: %q", msg)
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		code := "import sys\nsys.stdout.buffer.write(b'a\\xff\\xfe\\xfdb \\xe2\\x82\\xac')"
+		if out, _ := callResult(t, a, map[string]any{"code": code}); out.Stdout != "a\uFFFD\uFFFD\uFFFDb €" || out.StdoutBase64 != "" {
+			t.Errorf("three bad bytes: stdout %q, stdout_base64 %q; want three U+FFFD, no base64", out.Stdout, out.StdoutBase64)
+		}
+		if out, _ := callResult(t, a, map[string]any{"code": code, "binary_output": true}); out.StdoutBase64 != "Yf/+/WIg4oKs" {
+			t.Errorf("binary_output: stdout_base64 %q", out.StdoutBase64)
 		}
 	})
 	t.Run("session", func(t *testing.T) {
@@ -168,4 +210,86 @@ func TestBinaryResults(t *testing.T) {
 		}
 	})
 	p.stop(t)
+}
+
+// The operator's data dir, through the built binary and a client: the
+// tool description says it is at /data and how much it holds, a call
+// reads it there, and cannot write it. The process runtime without
+// namespaces of its own, which cannot give it, refuses to start, naming
+// the variable; so does a data dir the sandbox cannot list.
+func TestBinaryDataDir(t *testing.T) {
+	requireSandbox(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Dir(dir), 0o755)
+	os.WriteFile(filepath.Join(dir, "sales.csv"), []byte("day,amount\n1,3\n2,4\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "sub", "notes.txt"), []byte("hello"), 0o644)
+	// Writable by all: only the read-only mount refuses the write, with
+	// EROFS on every runtime (gVisor checks permissions first).
+	os.Chmod(dir, 0o777)
+
+	ctx := context.Background()
+	// The default (forks of a template), a fresh libcontainer sandbox per
+	// call, and gVisor.
+	for _, kind := range []string{"", "libcontainer", "runsc"} {
+		t.Run("runtime="+kind, func(t *testing.T) {
+			cmd := exec.Command(binaryPath(t), "serve")
+			cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), "MCP_EXEC_DATA_DIR="+dir)
+			if kind != "" {
+				cmd.Env = append(cmd.Env, "MCP_EXEC_RUNTIME="+kind)
+			}
+			var stderr testenv.SyncBuffer
+			cmd.Stderr = &stderr
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+			if err != nil {
+				t.Fatalf("connecting: %v\n%s", err, &stderr)
+			}
+			defer cs.Close()
+			tools, err := cs.ListTools(ctx, nil)
+			if err != nil || len(tools.Tools) != 1 || !strings.Contains(tools.Tools[0].Description, "Data is in /data, read-only: 2 files, 24 bytes in all") {
+				t.Errorf("tools/list: %v; want the description to say where the data is and how much (2 files, 24 bytes)", err)
+			}
+			out, _ := callResult(t, cs, map[string]any{"code": "import os\nprint(open('/data/sales.csv').read().splitlines()[-1])\ntry:\n    open('/data/x', 'w')\nexcept OSError as e:\n    print(e.errno)"})
+			if out.Stdout != "2,4\n30\n" {
+				t.Errorf("reading and writing /data: %q (stderr %s), want its last line, then EROFS (30)", out.Stdout, out.Stderr)
+			}
+		})
+	}
+
+	// A dir the sandbox's user cannot list: the operator's own only.
+	private := t.TempDir()
+	if err := os.Chmod(private, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		env  []string
+		want []string
+	}{
+		{[]string{"MCP_EXEC_DATA_DIR=" + dir, "MCP_EXEC_RUNTIME=process", "MCP_EXEC_PROCESS_NAMESPACES=false"}, []string{"MCP_EXEC_DATA_DIR", "the process runtime", "MCP_EXEC_PROCESS_NAMESPACES", "MCP_EXEC_RUNTIME"}},
+		{[]string{"MCP_EXEC_DATA_DIR=" + private}, []string{"MCP_EXEC_DATA_DIR", "/data cannot be listed in the sandbox", "chmod a+rX"}},
+	} {
+		// As a client meets it: initialize answered with the reason, and
+		// the server gone.
+		cmd := exec.Command(binaryPath(t), "serve")
+		cmd.Env = serverEnv(filepath.Join(t.TempDir(), "state"), tc.env...)
+		var stderr testenv.SyncBuffer
+		cmd.Stderr = &stderr
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+		if err == nil {
+			cs.Close()
+			t.Errorf("serve with %v: started, want a refusal", tc.env)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want[0]) {
+			t.Errorf("serve with %v: initialize answered %v, want the reason, naming %s", tc.env, err, tc.want[0])
+		}
+		cmd.Wait()
+		for _, w := range tc.want {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("serve with %v: stderr lacks %q:\n%s", tc.env, w, &stderr)
+			}
+		}
+	}
 }

@@ -8,12 +8,22 @@
 //	init → host  R           the interpreter is started and waits for its code
 //	host → init  F path data an input file, written in the work dir as the code's user
 //	host → init  I data, J   the code's stdin, then its end
-//	host → init  L seconds   the call's CPU seconds (the process runtime's RLIMIT_CPU)
+//	host → init  L seconds   the call's CPU seconds (the process runtime's
+//	                         RLIMIT_CPU, per process): a second past its CPU
+//	                         limit, else its timeout
 //	host → init  P           a persistent session's call: the interpreter
 //	                         lives on after the code, for the next call
 //	host → init  C code      the code: the interpreter reads it and runs it
 //	init → host  S           the code has it: the timeout counts from here
-//	init → host  O, E data   stdout and stderr, at most the cap each
+//	init → host  O, E data   stdout and stderr: the head of each, its first
+//	                         half of the cap
+//	init → host  M stream offset data
+//	                         a stream past its head: u8 O or E, u64 the
+//	                         offset of data in the stream, data. While
+//	                         the call is watched (H), the newest bytes of
+//	                         each read; at its end, the tail the init kept
+//	                         (the last half of the cap at most), which
+//	                         replaces what came from its offset on
 //	host → init  K           kill the code now (the timeout)
 //	host → init  Q           interrupt the code (SIGINT: a session's timeout)
 //	host → init  H           the call's output is watched live: line-buffer stdout
@@ -162,6 +172,7 @@ const (
 	IStarted = 'S'
 	IStdout  = 'O'
 	IStderr  = 'E'
+	ITail    = 't'
 	IExit    = 'X'
 	IOutFile = 'B'
 	ISkipped = 'T'
@@ -264,6 +275,10 @@ const (
 	ExitMemory = 1 << 9
 )
 
+// LiveTailBytes is how much of each read past a stream's head the init
+// sends while the call is watched: the newest output, for progress.
+const LiveTailBytes = 512
+
 // def is one definition the C side shares: a marker, a frame type, a
 // configuration key, a size.
 type def struct {
@@ -288,6 +303,7 @@ var protocol = []def{
 	{"EXIT_CELL", ExitCell, "exit flag: a session's call ended, its interpreter lives on"},
 	{"EXIT_PIDS", ExitPids, "exit flag (process runtime): the code's process count reached its RLIMIT_NPROC"},
 	{"EXIT_MEMORY", ExitMemory, "exit flag (process runtime): an uncaught MemoryError ended the code"},
+	{"LIVE_TAIL_BYTES", LiveTailBytes, "of each read past a stream's head, what a watched call sends at once"},
 	{"DRIVER_CTL_FD", DriverCtlFd, "the driver's frames to the init"},
 	{"DRIVER_CELL_FD", DriverCellFd, "the init's frames to the driver"},
 	{"D_OPTIONS", byte(DOptions), "to the driver: the first call's options, u32 OPT_ flags"},
@@ -322,8 +338,9 @@ var protocol = []def{
 	{"NET_MAX_CONNS", NetMaxConns, "connections the relay holds at once"},
 	{"I_READY", byte(IReady), "the interpreter waits for its code"},
 	{"I_STARTED", byte(IStarted), "the code is handed over: it runs from now"},
-	{"I_STDOUT", byte(IStdout), "stdout bytes, within the cap"},
-	{"I_STDERR", byte(IStderr), "stderr bytes, within the cap"},
+	{"I_STDOUT", byte(IStdout), "stdout bytes, within the head (the first half of the cap)"},
+	{"I_STDERR", byte(IStderr), "stderr bytes, within the head (the first half of the cap)"},
+	{"I_TAIL", byte(ITail), "a stream past its head: u8 I_STDOUT or I_STDERR, u64 offset, bytes"},
 	{"I_EXIT", byte(IExit), "EXIT_FRAME_LEN bytes: the main process ended, every other is killed"},
 	{"I_OUTFILE", byte(IOutFile), "u16 path length, path, u64 size, data"},
 	{"I_SKIPPED", byte(ISkipped), "an entry of outputs/ left out: u8 LEFT_ why, u64 size, path; bare: more than MAX_LEFT_OUT"},

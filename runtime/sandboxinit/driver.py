@@ -71,6 +71,72 @@ def _driver():
             raise KeyboardInterrupt
 
 
+    # Files the driver saves for the code (a figure, an image) are named
+    # STEM-N.png, N from 1 in each call; in a persistent session
+    # STEM-C-N.png, C the call's number in it: unique in the session, in
+    # the order they were made. A name the code took is skipped.
+    naming = {"call": 1, "session": False, "next": {}}
+
+    def save(write, stem):
+        os.makedirs(outputs, exist_ok=True)
+        prefix = "%s-%d-" % (stem, naming["call"]) if naming["session"] else stem + "-"
+        n = naming["next"].get(stem, 1)
+        while True:
+            path = os.path.join(outputs, "%s%d.png" % (prefix, n))
+            n += 1
+            try:
+                f = open(path, "xb")
+            except FileExistsError:
+                continue
+            naming["next"][stem] = n
+            try:
+                with f:
+                    write(f)
+            except BaseException:
+                os.unlink(path)
+                raise
+            return
+
+    def save_figure(fig):
+        # Tight: nothing drawn past the figure's edge (a long tick label)
+        # is cut off. Saved once: the end of the call does not save it
+        # again.
+        save(lambda f: fig.savefig(f, format="png", bbox_inches="tight"), "figure")
+        manager = getattr(fig.canvas, "manager", None)
+        if manager is not None:
+            manager._saved = True
+
+    # The sandbox's matplotlib backend (rootfs) saves what plt.show()
+    # shows through this, so that its names are these.
+    hooks = types.ModuleType("_mcp_exec_display")
+    hooks.save_figure = save_figure
+    sys.modules[hooks.__name__] = hooks
+
+    def show_figures():
+        # As a notebook's inline display does at the end of a cell: every
+        # figure still open is saved (unless shown already) and closed, so
+        # that a figure comes back with the call that drew it, and once.
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        try:
+            from matplotlib._pylab_helpers import Gcf
+
+            managers = sorted(Gcf.get_all_fig_managers(), key=lambda m: str(m.num).zfill(12))
+        except BaseException:
+            return
+        for m in managers:
+            if getattr(m, "_saved", False):
+                continue
+            try:
+                save_figure(m.canvas.figure)
+            except BaseException as e:
+                print("mcp-exec: figure %s could not be saved: %s: %s" % (m.num, type(e).__name__, e), file=sys.stderr)
+        try:
+            pyplot.close("all")
+        except BaseException:
+            pass
+
     def viewer(module):
         # PIL's Image.show() saves the image where a desktop would open it.
         class Saver(module.Viewer):
@@ -80,9 +146,24 @@ def _driver():
 
         module.register(Saver, 0)
 
-    class ShowHook:
+    def pandas_display(pd):
+        # Results as a wide terminal shows them: a frame of a few dozen
+        # columns whole (pandas fits its repr to 80 columns otherwise,
+        # and hides most of them), rows as pandas' own default. The
+        # code's own pd.set_option comes after, and wins.
+        for key, value in (("display.width", 200), ("display.max_columns", 50), ("display.max_rows", 60)):
+            try:
+                pd.set_option(key, value)
+            except BaseException:
+                pass
+
+    # What the driver does to a module once it is imported (here, if the
+    # interpreter's start imported it already: a preload).
+    after_import = {"PIL.ImageShow": viewer, "pandas": pandas_display}
+
+    class ImportHook:
         def find_spec(self, name, path=None, target=None):
-            if name != "PIL.ImageShow":
+            if name not in after_import:
                 return None
             import importlib.machinery
 
@@ -93,42 +174,59 @@ def _driver():
 
             def load(module):
                 exec_module(module)
-                viewer(module)
+                after_import[name](module)
 
             spec.loader.exec_module = load
             return spec
 
-    if "PIL.ImageShow" in sys.modules:
-        viewer(sys.modules["PIL.ImageShow"])
-    else:
-        sys.meta_path.insert(0, ShowHook())
-
-    def save(write, stem):
-        os.makedirs(outputs, exist_ok=True)
-        n = 1
-        while True:
-            path = os.path.join(outputs, "%s-%d.png" % (stem, n))
-            n += 1
-            try:
-                f = open(path, "xb")
-            except FileExistsError:
-                continue
-            with f:
-                write(f)
-            return
+    for name, then in after_import.items():
+        if name in sys.modules:
+            then(sys.modules[name])
+    sys.meta_path.insert(0, ImportHook())
 
     def display(v):
         # An image as the last expression comes back as a file, as a
         # notebook shows it.
         mod = type(v).__module__ or ""
         if mod.startswith("matplotlib.") and hasattr(v, "figure") and hasattr(v.figure, "savefig"):
-            fig = v.figure
-            save(lambda f: fig.savefig(f, format="png", bbox_inches="tight"), "figure")
-            manager = getattr(fig.canvas, "manager", None)
-            if manager is not None:
-                manager._saved = True
+            save_figure(v.figure)
         elif mod.startswith("PIL.") and hasattr(v, "save") and hasattr(v, "mode"):
             save(lambda f: v.save(f, format="PNG"), "image")
+
+    driver_globals = globals()
+
+    def code_only(tb):
+        # The traceback without the driver's frames: run's at the top, the
+        # interrupt handler's at the bottom of a session's timeout. The
+        # code's own frames (its functions, the modules it calls) are
+        # never the driver's globals.
+        kept = []
+        while tb is not None:
+            if tb.tb_frame.f_globals is not driver_globals:
+                kept.append(tb)
+            tb = tb.tb_next
+        for a, b in zip(kept, kept[1:]):
+            a.tb_next = b
+        if kept:
+            kept[-1].tb_next = None
+        return kept[0] if kept else None
+
+    def report(e):
+        # As the interpreter reports what ended a script, but with the
+        # source lines of a session's cells, which are no file: the
+        # interpreter's own printer reads files only, traceback's reads
+        # linecache, where each cell is. A hook of the code's is its own.
+        tb = code_only(e.__traceback__)
+        e = e.with_traceback(tb)
+        if sys.excepthook is not sys.__excepthook__:
+            sys.excepthook(type(e), e, tb)
+            return
+        try:
+            import traceback
+
+            traceback.print_exception(type(e), e, tb)
+        except BaseException:
+            sys.__excepthook__(type(e), e, tb)
 
     def run(source, filename, ns=ns):
         try:
@@ -158,9 +256,7 @@ def _driver():
                 # runtime), it refuses an allocation rather than kill:
                 # the init reports the call as the limit's.
                 send(b"@D_MEMORY@", b"")
-            # The traceback starts at the code: this frame is not its.
-            tb = e.__traceback__.tb_next
-            sys.excepthook(type(e), e.with_traceback(tb), tb)
+            report(e)
             return 130 if isinstance(e, KeyboardInterrupt) else 1
         return 0
 
@@ -250,11 +346,13 @@ def _driver():
             signal.signal(signal.SIGINT, interrupt)
         n = 1
         while True:
+            naming.update(call=n, session=bool(persist), next={})
             running = True
             try:
                 status = run(source, _SCRIPT if n == 1 else "<cell %d>" % n)
             finally:
                 running = False
+                show_figures()
             flush()
             if not persist:
                 if status:

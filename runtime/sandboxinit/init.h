@@ -102,6 +102,14 @@ struct buffer {
 	size_t len, off;
 };
 
+// ring keeps the last cap bytes put into it: a stream's tail. Its memory
+// is taken when the first byte comes, so that a call that writes little
+// costs nothing.
+struct ring {
+	unsigned char *p;
+	size_t cap, start, len;
+};
+
 // init_io.c
 extern int out_fd;
 void die(const char *what) __attribute__((noreturn));
@@ -117,6 +125,9 @@ void frame_head(char type, uint32_t len);
 void frame(char type, const void *p, uint32_t len);
 void report(char type, const char *what, int err);
 void buf_append(struct buffer *b, const void *p, size_t n);
+void ring_put(struct ring *r, size_t cap, const unsigned char *p, size_t n);
+size_t ring_read(const struct ring *r, size_t off, unsigned char *p, size_t n);
+void ring_reset(struct ring *r);
 size_t buf_pending(const struct buffer *b);
 void buf_reset(struct buffer *b);
 int buf_flush(struct buffer *b, int fd);

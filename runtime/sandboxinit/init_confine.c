@@ -41,6 +41,7 @@
 #define ATTR_RDONLY 0x00000001ULL // MOUNT_ATTR_RDONLY
 #define ATTR_NOSUID 0x00000002ULL // MOUNT_ATTR_NOSUID
 #define ATTR_NODEV 0x00000004ULL  // MOUNT_ATTR_NODEV
+#define ATTR_NOEXEC 0x00000008ULL // MOUNT_ATTR_NOEXEC
 
 struct setattr {
 	uint64_t attr_set, attr_clr, propagation, userns_fd;
@@ -136,6 +137,23 @@ static void bind_into(const char *root, const char *path) {
 	set_attr(dst, AT_RECURSIVE, ATTR_RDONLY | ATTR_NOSUID | (dev ? 0 : ATTR_NODEV));
 }
 
+// bind_mount binds a host dir (the data dir) at dst in the call's root
+// with m's flags all the way down: a bind takes them only by a change of
+// its attributes, recursive since mount_setattr.
+static void bind_mount(const struct fmount *m, const char *dst) {
+	char what[PATH_MAX + 64];
+	snprintf(what, sizeof what, "binding %s on %s", m->source, m->target);
+	if (mount(m->source, dst, NULL, MS_BIND | MS_REC, NULL) < 0)
+		die(what);
+	struct setattr a = {0};
+	a.attr_set |= m->flags & MS_RDONLY ? ATTR_RDONLY : 0;
+	a.attr_set |= m->flags & MS_NOSUID ? ATTR_NOSUID : 0;
+	a.attr_set |= m->flags & MS_NODEV ? ATTR_NODEV : 0;
+	a.attr_set |= m->flags & MS_NOEXEC ? ATTR_NOEXEC : 0;
+	if (syscall(__NR_mount_setattr, AT_FDCWD, dst, AT_RECURSIVE, &a, sizeof a) < 0)
+		die(what);
+}
+
 // new_root makes the call's own root on a tmpfs mounted on the work dir
 // (the init's, and no other process's, in this mount namespace): the
 // host's paths the runtime named, bound read-only; the fresh mounts
@@ -157,6 +175,10 @@ static void new_root(const struct config *c) {
 		const struct fmount *m = &c->mounts[i];
 		make_dirs(root, m->target);
 		in_root(dst, sizeof dst, root, m->target);
+		if (m->flags & MS_BIND) {
+			bind_mount(m, dst);
+			continue;
+		}
 		if (mount(m->source, dst, m->type, m->flags, m->data) < 0) {
 			char what[PATH_MAX + 64];
 			snprintf(what, sizeof what, "mounting a fresh %s on %s", m->type, m->target);

@@ -166,16 +166,26 @@ int outputs_empty(const struct config *c) {
 
 // The export walks outputs/ once every process of the code is gone, and
 // sends its regular files, never following a symlink or opening a device
-// or a FIFO, within the file count and byte limits. Visited entries and
-// depth are bounded too, so a million files or a deep tree cost bounded
-// time and memory. What it cannot read it says: the file list would
-// otherwise be silently short.
+// or a FIFO, within the file count and byte limits, in the order the code
+// wrote them: by modification time, then by name as people number things
+// (figure-2 before figure-10), so that what the limits leave out is what
+// came last. Visited entries and depth are bounded too, so a million
+// files or a deep tree cost bounded time and memory. What it cannot read
+// it says: the file list would otherwise be silently short.
+struct found {
+	char *rel; // relative to outputs/
+	struct timespec mtime;
+	uint64_t size;
+};
+
 struct exporter {
 	const struct config *c;
 	uint64_t files, bytes, visited;
 	int unreadable; // a dir or file that could not be opened
 	int named;      // left out and named in an I_SKIPPED frame
 	int unnamed;    // left out past MAX_LEFT_OUT, or with no name to give
+	struct found *found; // the regular files the walk found
+	size_t nfound, capfound;
 };
 
 #define MAX_DEPTH 32
@@ -183,6 +193,52 @@ struct exporter {
 #define MAX_DIR_ENTRIES 4096
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// cmp_natural compares two paths as people number things: a run of
+// digits by its value, the rest byte by byte.
+static int cmp_natural(const char *a, const char *b) {
+	while (*a && *b) {
+		if (is_digit(*a) && is_digit(*b)) {
+			const char *da = a, *db = b;
+			while (*da == '0')
+				da++;
+			while (*db == '0')
+				db++;
+			const char *ea = da, *eb = db;
+			while (is_digit(*ea))
+				ea++;
+			while (is_digit(*eb))
+				eb++;
+			if (ea - da != eb - db)
+				return ea - da < eb - db ? -1 : 1;
+			int c = memcmp(da, db, (size_t)(ea - da));
+			if (c != 0)
+				return c;
+			if (ea - a != eb - b) // the same value: fewer zeros first
+				return ea - a < eb - b ? -1 : 1;
+			a = ea;
+			b = eb;
+			continue;
+		}
+		if (*a != *b)
+			return (unsigned char)*a - (unsigned char)*b;
+		a++;
+		b++;
+	}
+	return (unsigned char)*a - (unsigned char)*b;
+}
+
+// cmp_written orders files as the code wrote them.
+static int cmp_written(const void *pa, const void *pb) {
+	const struct found *a = pa, *b = pb;
+	if (a->mtime.tv_sec != b->mtime.tv_sec)
+		return a->mtime.tv_sec < b->mtime.tv_sec ? -1 : 1;
+	if (a->mtime.tv_nsec != b->mtime.tv_nsec)
+		return a->mtime.tv_nsec < b->mtime.tv_nsec ? -1 : 1;
+	return cmp_natural(a->rel, b->rel);
+}
 
 // leave_out says that rel (a file, or a dir ending in '/') was left out,
 // why (a LEFT_ code) and its size: an I_SKIPPED frame of u8 why, u64 size
@@ -222,11 +278,43 @@ static unsigned char *read_whole(int fd, uint64_t size) {
 	return data;
 }
 
-static void send_file(struct exporter *x, int dir, const char *name, const char *rel) {
-	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+// open_beneath opens the file rel below the dir root for reading, never
+// following a symlink on the way: the tree may have changed since the
+// walk (a session's code runs on), and what it finds now is what it
+// sends, or nothing.
+static int open_beneath(int root, const char *rel) {
+	char *copy = strdup(rel), *s = copy, *slash;
+	if (copy == NULL)
+		return -1;
+	int dir = dup(root), fd = -1;
+	while (dir >= 0 && (slash = strchr(s, '/')) != NULL) {
+		*slash = '\0';
+		int next = openat(dir, s, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		close(dir);
+		dir = next;
+		s = slash + 1;
+	}
+	if (dir >= 0) {
+		fd = openat(dir, s, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+		close(dir);
+	}
+	free(copy);
+	return fd;
+}
+
+// send_file sends one file the walk found, within the limits, or says
+// why it was left out.
+static void send_file(struct exporter *x, int root, const struct found *f) {
+	const char *rel = f->rel;
+	size_t rl = strlen(rel);
+	if (x->files >= x->c->max_files || rl > 4096) {
+		leave_out(x, rl > 4096 ? LEFT_LIMITS : LEFT_COUNT, rel, f->size);
+		return;
+	}
+	int fd = open_beneath(root, rel);
 	if (fd < 0) {
 		x->unreadable = 1;
-		leave_out(x, LEFT_UNREADABLE, rel, 0);
+		leave_out(x, LEFT_UNREADABLE, rel, f->size);
 		return;
 	}
 	struct stat st;
@@ -235,9 +323,8 @@ static void send_file(struct exporter *x, int dir, const char *name, const char 
 		return;
 	}
 	uint64_t size = (uint64_t)st.st_size;
-	size_t rl = strlen(rel);
-	if (x->files >= x->c->max_files || size > x->c->max_file_bytes - x->bytes || rl > 4096) {
-		leave_out(x, rl > 4096 ? LEFT_LIMITS : x->files >= x->c->max_files ? LEFT_COUNT : LEFT_BYTES, rel, size);
+	if (size > x->c->max_file_bytes - x->bytes) {
+		leave_out(x, LEFT_BYTES, rel, size);
 		close(fd);
 		return;
 	}
@@ -258,6 +345,26 @@ static void send_file(struct exporter *x, int dir, const char *name, const char 
 	free(data);
 	x->files++;
 	x->bytes += size;
+}
+
+// found_file keeps a regular file the walk found, to be sent in order.
+static void found_file(struct exporter *x, const char *rel, const struct stat *st) {
+	if (x->nfound == x->capfound) {
+		size_t cap = x->capfound ? 2 * x->capfound : 64;
+		struct found *more = realloc(x->found, cap * sizeof *more);
+		if (more == NULL) {
+			x->unnamed = 1;
+			return;
+		}
+		x->found = more;
+		x->capfound = cap;
+	}
+	char *r = strdup(rel);
+	if (r == NULL) {
+		x->unnamed = 1;
+		return;
+	}
+	x->found[x->nfound++] = (struct found){.rel = r, .mtime = st->st_mtim, .size = (uint64_t)st->st_size};
 }
 
 // list_dir returns d's entry names, sorted, within the walk's bounds;
@@ -296,7 +403,7 @@ static void walk_entry(struct exporter *x, int dir, const char *name, const char
 	if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
 		return;
 	if (S_ISREG(st.st_mode)) {
-		send_file(x, dir, name, rel);
+		found_file(x, rel, &st);
 	} else if (S_ISDIR(st.st_mode)) {
 		// Symlinks, devices, FIFOs and sockets are never followed nor sent.
 		char subprefix[PATH_MAX + 1];
@@ -342,9 +449,19 @@ int export_outputs(const struct config *c, void *arg) {
 	int err = errno;
 	if (work >= 0)
 		close(work);
-	if (dir >= 0)
+	if (dir >= 0) {
+		int root = dup(dir);
 		walk(&x, dir, "", 0);
-	else if (err != ENOENT) {
+		qsort(x.found, x.nfound, sizeof *x.found, cmp_written);
+		for (size_t i = 0; i < x.nfound; i++) {
+			if (root >= 0)
+				send_file(&x, root, &x.found[i]);
+			free(x.found[i].rel);
+		}
+		free(x.found);
+		if (root >= 0)
+			close(root);
+	} else if (err != ENOENT) {
 		x.unreadable = 1; // there, but not a dir it may read
 		leave_out(&x, LEFT_UNREADABLE, "./", 0);
 	}

@@ -81,6 +81,55 @@ void buf_append(struct buffer *b, const void *p, size_t n) {
 	b->len += n;
 }
 
+// ring_put keeps the last cap bytes of what was put. Without the memory
+// for them it keeps nothing: the bytes are counted all the same, and the
+// tail is only shorter.
+void ring_put(struct ring *r, size_t cap, const unsigned char *p, size_t n) {
+	if (cap == 0 || n == 0)
+		return;
+	if (r->p == NULL) {
+		r->p = malloc(cap);
+		if (r->p == NULL)
+			return;
+		r->cap = cap;
+	}
+	if (n >= r->cap) {
+		memcpy(r->p, p + n - r->cap, r->cap);
+		r->start = 0;
+		r->len = r->cap;
+		return;
+	}
+	size_t end = (r->start + r->len) % r->cap;
+	size_t first = r->cap - end < n ? r->cap - end : n;
+	memcpy(r->p + end, p, first);
+	memcpy(r->p, p + first, n - first);
+	if (r->len + n > r->cap) {
+		r->start = (r->start + r->len + n - r->cap) % r->cap;
+		r->len = r->cap;
+	} else {
+		r->len += n;
+	}
+}
+
+// ring_read copies up to n of the kept bytes from the off-th on (0 is the
+// oldest) into p, and returns how many.
+size_t ring_read(const struct ring *r, size_t off, unsigned char *p, size_t n) {
+	if (off >= r->len)
+		return 0;
+	if (n > r->len - off)
+		n = r->len - off;
+	size_t at = (r->start + off) % r->cap;
+	size_t first = r->cap - at < n ? r->cap - at : n;
+	memcpy(p, r->p + at, first);
+	memcpy(p + first, r->p, n - first);
+	return n;
+}
+
+void ring_reset(struct ring *r) {
+	free(r->p);
+	*r = (struct ring){0};
+}
+
 size_t buf_pending(const struct buffer *b) { return b->len - b->off; }
 
 void buf_reset(struct buffer *b) {

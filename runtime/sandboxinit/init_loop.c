@@ -49,12 +49,16 @@ enum phase {
 	EXITED,   // the main process has ended; the rest is killed
 };
 
-// stream is one of the code's output pipes.
+// stream is one of the code's output pipes. Of its cap, the first half
+// is its head, sent as it comes; the last half its tail, kept in a ring
+// and sent at the call's end: what a program prints last (its summary,
+// its traceback) comes back with what it printed first.
 struct stream {
 	int fd;
 	char type; // I_STDOUT or I_STDERR
 	int eof;
-	uint64_t total; // everything written, kept or not
+	uint64_t total;    // everything written, kept or not
+	struct ring tail; // the last bytes past the head
 };
 
 struct init {
@@ -551,11 +555,42 @@ static void on_stdin(struct init *in, short revents) {
 		close_stdin(in); // the code closed its stdin: the rest is dropped
 }
 
-// drain reads a chunk of one output stream. Past the cap the bytes are
-// counted and dropped: the program is never blocked by its own output.
-// It returns whether it read anything. Between a session's calls what the
-// code's leftovers write belongs to no call, and is dropped.
-static int drain(struct stream *s, uint64_t cap, int keep) {
+// head_cap is how much of a stream's cap is its head; the rest, cap / 2,
+// is its tail.
+static uint64_t head_cap(uint64_t cap) { return cap - cap / 2; }
+
+// send_past sends bytes of a stream past its head, at their offset in it.
+static void send_past(const struct stream *s, uint64_t off, const unsigned char *p, size_t n) {
+	unsigned char h[9];
+	h[0] = (unsigned char)s->type;
+	put_u64(h + 1, off);
+	frame_head(I_TAIL, (uint32_t)(sizeof h + n));
+	if (write_all(out_fd, h, sizeof h) < 0 || write_all(out_fd, p, n) < 0)
+		_exit(125);
+}
+
+// send_tail sends what the ring kept of a stream past its head, the
+// stream's end, and forgets it: the host keeps it in place of whatever a
+// watched call sent of it before.
+static void send_tail(struct stream *s) {
+	unsigned char chunk[CHUNK];
+	uint64_t start = s->total - s->tail.len;
+	for (size_t off = 0; off < s->tail.len;) {
+		size_t n = ring_read(&s->tail, off, chunk, sizeof chunk);
+		send_past(s, start + off, chunk, n);
+		off += n;
+	}
+	ring_reset(&s->tail);
+}
+
+// drain reads a chunk of one output stream: within the head it goes to
+// the host, past it into the tail's ring, which keeps the newest bytes
+// and drops the oldest. Every byte is counted; the program is never
+// blocked by its own output. While the call is watched the newest bytes
+// of each read past the head go to the host too, for progress. It returns
+// whether it read anything. Between a session's calls what the code's
+// leftovers write belongs to no call, and is dropped.
+static int drain(struct init *in, struct stream *s, int keep) {
 	unsigned char chunk[CHUNK];
 	ssize_t r = read(s->fd, chunk, sizeof chunk);
 	if (r < 0 && (errno == EINTR || errno == EAGAIN))
@@ -567,17 +602,26 @@ static int drain(struct stream *s, uint64_t cap, int keep) {
 	}
 	if (!keep)
 		return 1;
-	uint64_t before = s->total;
+	uint64_t before = s->total, head = head_cap(in->c.max_output);
 	s->total += (uint64_t)r;
-	if (before < cap) {
-		uint64_t room = cap - before;
-		frame(s->type, chunk, (uint32_t)(room < (uint64_t)r ? room : (uint64_t)r));
+	size_t sent = 0;
+	if (before < head) {
+		sent = head - before < (uint64_t)r ? (size_t)(head - before) : (size_t)r;
+		frame(s->type, chunk, (uint32_t)sent);
+	}
+	size_t past = (size_t)r - sent;
+	if (past > 0) {
+		ring_put(&s->tail, (size_t)(in->c.max_output / 2), chunk + sent, past);
+		if (in->live) {
+			size_t n = past < LIVE_TAIL_BYTES ? past : LIVE_TAIL_BYTES;
+			send_past(s, s->total - n, chunk + r - n, n);
+		}
 	}
 	return 1;
 }
 
-static void on_stdout(struct init *in, short revents) { (void)revents; drain(&in->out, in->c.max_output, in->phase != IDLE); }
-static void on_stderr(struct init *in, short revents) { (void)revents; drain(&in->err, in->c.max_output, in->phase != IDLE); }
+static void on_stdout(struct init *in, short revents) { (void)revents; drain(in, &in->out, in->phase != IDLE); }
+static void on_stderr(struct init *in, short revents) { (void)revents; drain(in, &in->err, in->phase != IDLE); }
 
 // sample_usage looks, in the process runtime, at what a cgroup would have
 // counted: whether the count the code's process limit counts has reached
@@ -664,9 +708,9 @@ static void end_call(struct init *in, uint32_t status);
 static void cell_done(struct init *in, uint32_t status) {
 	clock_gettime(CLOCK_MONOTONIC, &in->t_exited);
 	sample_usage(in, 1);
-	for (int i = 0; i < 32 && !in->out.eof && drain(&in->out, in->c.max_output, 1); i++)
+	for (int i = 0; i < 32 && !in->out.eof && drain(in, &in->out, 1); i++)
 		;
-	for (int i = 0; i < 32 && !in->err.eof && drain(&in->err, in->c.max_output, 1); i++)
+	for (int i = 0; i < 32 && !in->err.eof && drain(in, &in->err, 1); i++)
 		;
 	if (in->stdin_w >= 0)
 		close_stdin(in);
@@ -913,8 +957,11 @@ static void reap_all(struct init *in) {
 	}
 }
 
-// send_exit reports the verdict of the call.
+// send_exit reports the verdict of the call, after the tails of its
+// streams.
 static void send_exit(struct init *in) {
+	send_tail(&in->out);
+	send_tail(&in->err);
 	unsigned char x[EXIT_FRAME_LEN];
 	put_u32(x, (uint32_t)in->status);
 	put_u64(x + 4, in->out.total);

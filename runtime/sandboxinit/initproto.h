@@ -15,6 +15,7 @@
 #define EXIT_CELL            2                      // exit flag: a session's call ended, its interpreter lives on
 #define EXIT_PIDS            256                    // exit flag (process runtime): the code's process count reached its RLIMIT_NPROC
 #define EXIT_MEMORY          512                    // exit flag (process runtime): an uncaught MemoryError ended the code
+#define LIVE_TAIL_BYTES      512                    // of each read past a stream's head, what a watched call sends at once
 #define DRIVER_CTL_FD        3                      // the driver's frames to the init
 #define DRIVER_CELL_FD       4                      // the init's frames to the driver
 #define D_OPTIONS            'o'                    // to the driver: the first call's options, u32 OPT_ flags
@@ -49,8 +50,9 @@
 #define NET_MAX_CONNS        64                     // connections the relay holds at once
 #define I_READY              'R'                    // the interpreter waits for its code
 #define I_STARTED            'S'                    // the code is handed over: it runs from now
-#define I_STDOUT             'O'                    // stdout bytes, within the cap
-#define I_STDERR             'E'                    // stderr bytes, within the cap
+#define I_STDOUT             'O'                    // stdout bytes, within the head (the first half of the cap)
+#define I_STDERR             'E'                    // stderr bytes, within the head (the first half of the cap)
+#define I_TAIL               't'                    // a stream past its head: u8 I_STDOUT or I_STDERR, u64 offset, bytes
 #define I_EXIT               'X'                    // EXIT_FRAME_LEN bytes: the main process ended, every other is killed
 #define I_OUTFILE            'B'                    // u16 path length, path, u64 size, data
 #define I_SKIPPED            'T'                    // an entry of outputs/ left out: u8 LEFT_ why, u64 size, path; bare: more than MAX_LEFT_OUT

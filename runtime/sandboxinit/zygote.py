@@ -89,10 +89,14 @@ def _zygote():
     def reseed():
         # No generator state of the template's goes on in a fork: two calls
         # of one template (two clients, maybe) never draw the same numbers
-        # nor share a secret. CPython reseeds random itself at fork; what
-        # else a preload may have seeded at import is reseeded here, from
-        # the kernel's entropy, for each module the template holds. A
-        # module the code imports later seeds itself in the fork.
+        # nor share a secret. CPython reseeds random itself at fork; every
+        # other generator the template holds (a preload's: sympy's, any
+        # module's random.Random or numpy generator) is reseeded here from
+        # the kernel's entropy, as is what the registry names that is no
+        # such object. A module the code imports later seeds itself in the
+        # fork.
+        for g in generators:
+            _reseed_generator(g)
         for name, again in _RESEED:
             m = sys.modules.get(name)
             if m is not None:
@@ -167,7 +171,14 @@ def _zygote():
                 return
 
     # What the driver and the end of a fork import, imported once here.
-    import ast, atexit, linecache, signal, types  # noqa: F401
+    import ast, atexit, linecache, signal, traceback, types  # noqa: F401
+
+    # The generators the template holds, found once, after the preloads
+    # and the driver; each is reseeded here once, so that one a fork could
+    # not reseed stops the template, not a call.
+    generators = _generators()
+    for g in generators:
+        _reseed_generator(g)
 
     # What every fork shares is settled now: the collector need not visit
     # it again in each (sparing their copy-on-write pages).
@@ -197,6 +208,42 @@ def _zygote():
             return base
 
 
+def _generators():
+    # Every generator among the objects the template holds: random.Random
+    # instances (random's own, sympy's rng, any module's) and numpy's
+    # RandomState, Generator and BitGenerator objects, whoever made them.
+    import gc
+    import random
+
+    kinds = [random.Random]
+    np_random = sys.modules.get("numpy.random")
+    for name in ("RandomState", "Generator", "BitGenerator"):
+        kind = getattr(np_random, name, None)
+        if isinstance(kind, type):
+            kinds.append(kind)
+    kinds = tuple(kinds)
+    return [o for o in gc.get_objects() if isinstance(o, kinds)]
+
+
+def _reseed_generator(g):
+    # A generator's state anew from the kernel's entropy. One that cannot
+    # be reseeded raises: a fork must not go on with it.
+    import random
+
+    if isinstance(g, random.Random):
+        g.seed(os.urandom(32))
+    elif type(g).__name__ == "RandomState":
+        # Its seed() draws from the kernel, for an MT19937's only.
+        try:
+            g.seed()
+        except TypeError:
+            _reseed_generator(g._bit_generator)
+    elif hasattr(g, "bit_generator"):
+        _reseed_generator(g.bit_generator)
+    else:
+        g.state = type(g)(int.from_bytes(os.urandom(16), "big")).state
+
+
 def _reseed_multiprocessing(m):
     # Its authkey authenticates the code's own processes to each other.
     m.current_process().authkey = os.urandom(32)
@@ -209,10 +256,10 @@ def _reseed_tempfile(m):
 
 
 # What a fork reseeds of the modules the template imported (reseed, in
-# _zygote): numpy's legacy global RandomState (np.random.rand, choice,
-# shuffle, pandas' and scikit-learn's random_state=None), the
-# multiprocessing authkey, tempfile's names. docs/sandbox.md says what a
-# preload may still share.
+# _zygote) besides the generators it finds: numpy's legacy global
+# RandomState (np.random.rand, choice, shuffle, pandas' and scikit-learn's
+# random_state=None), found or not, the multiprocessing authkey,
+# tempfile's names. docs/sandbox.md says what a preload may still share.
 _RESEED = (
     ("numpy.random", lambda m: m.seed()),
     ("multiprocessing", _reseed_multiprocessing),
