@@ -995,7 +995,7 @@ static int reset_peaks(const struct config *c, void *init) {
 	return 0;
 }
 
-// usage_mark notes, as a call's code starts, what the call's processes
+// usage_mark notes, before a call's code is given, what the call's processes
 // had used: a call is told only its own. A session's later call starts
 // from its live processes' peaks cleared, as the code's user (a root
 // init in namespaces keeps no capability that would let it).

@@ -479,8 +479,6 @@ static void started(struct init *in) {
 	}
 	in->phase = RUNNING;
 	clock_gettime(CLOCK_MONOTONIC, &in->t_started);
-	if (in->c.process_mode)
-		usage_mark(&in->c, in->calls > 0);
 	frame(I_STARTED, NULL, 0);
 }
 
@@ -503,10 +501,20 @@ static void on_feed(struct init *in, short revents) {
 // driver_flags are the call's options for the driver.
 static uint32_t driver_flags(const struct init *in) { return (in->persist ? OPT_PERSIST : 0) | (in->live ? OPT_LIVE : 0); }
 
+// mark_usage notes, in the process runtime, what the call's processes
+// had used before it: before the code is in, since an interpreter that
+// has it runs it at once, before this init, on a busy machine, may look
+// again (a session's 0.1 s cell was told 70 ms).
+static void mark_usage(struct init *in) {
+	if (in->c.process_mode)
+		usage_mark(&in->c, in->calls > 0);
+}
+
 // feed_first: the script file, the options on the driver's pipe (it reads
 // them once its code is in), then the code into the FIFO. A forked
 // interpreter has no FIFO: the options tell it to read the file.
 static void feed_first(struct init *in) {
+	mark_usage(in);
 	write_script(in);
 	unsigned char o[9] = {D_OPTIONS};
 	put_u32(o + 1, 4);
@@ -528,6 +536,7 @@ static void feed_first(struct init *in) {
 
 // feed_next: a session's later call, as one frame on the driver's pipe.
 static void feed_next(struct init *in) {
+	mark_usage(in);
 	size_t n = 8 + buf_pending(&in->cell_stdin) + buf_pending(&in->code);
 	unsigned char h[13] = {D_CELL};
 	put_u32(h + 1, (uint32_t)n);
