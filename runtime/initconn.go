@@ -129,23 +129,11 @@ func (s *initConn) read(from *os.File) {
 			if n >= 9 && (payload[0] == initproto.IStdout || payload[0] == initproto.IStderr) {
 				s.output(payload[0], int64(binary.BigEndian.Uint64(payload[1:])), payload[9:])
 			}
-		case initproto.IOutFile:
-			f, err := decodeFile(payload, true)
-			if err != nil {
+		case initproto.IOutFile, initproto.ISkipped:
+			if err := s.file(head[0], payload); err != nil {
 				s.events <- event{kind: initproto.IError, msg: err.Error()}
 				return
 			}
-			s.mu.Lock()
-			s.out.files = append(s.out.files, f)
-			s.mu.Unlock()
-		case initproto.ISkipped:
-			lo, named := decodeLeftOut(payload)
-			s.mu.Lock()
-			s.out.skipped = true
-			if named && len(s.out.leftOut) < initproto.MaxLeftOut {
-				s.out.leftOut = append(s.out.leftOut, lo)
-			}
-			s.mu.Unlock()
 		case initproto.IResult:
 			s.mu.Lock()
 			s.out.value = payload
@@ -154,13 +142,12 @@ func (s *initConn) read(from *os.File) {
 			out := s.take()
 			s.events <- event{kind: initproto.IIdle, at: time.Now(), out: &out}
 		case initproto.IExit:
-			if n != initproto.ExitFrameLen {
-				s.events <- event{kind: initproto.IError, msg: fmt.Sprintf("the init sent an exit frame of %d bytes, want %d", n, initproto.ExitFrameLen)}
+			ev, err := exitEvent(payload, used)
+			if err != nil {
+				s.events <- event{kind: initproto.IError, msg: err.Error()}
 				return
 			}
-			s.events <- event{kind: initproto.IExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
-				outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:])),
-				ran: time.Duration(binary.BigEndian.Uint64(payload[20:])), flags: binary.BigEndian.Uint32(payload[28:]), usage: used}
+			s.events <- ev
 			used = nil
 		case initproto.IUsage:
 			if n == 16 {
@@ -184,6 +171,40 @@ func (s *initConn) read(from *os.File) {
 			s.events <- event{kind: head[0], at: time.Now()}
 		}
 	}
+}
+
+// file keeps an output file the init sent (IOutFile), or notes one it
+// left out (ISkipped).
+func (s *initConn) file(kind byte, payload []byte) error {
+	if kind == initproto.ISkipped {
+		lo, named := decodeLeftOut(payload)
+		s.mu.Lock()
+		s.out.skipped = true
+		if named && len(s.out.leftOut) < initproto.MaxLeftOut {
+			s.out.leftOut = append(s.out.leftOut, lo)
+		}
+		s.mu.Unlock()
+		return nil
+	}
+	f, err := decodeFile(payload, true)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.out.files = append(s.out.files, f)
+	s.mu.Unlock()
+	return nil
+}
+
+// exitEvent is the event of an IExit frame, with the call's IUsage (nil:
+// none came).
+func exitEvent(payload []byte, used *usage) (event, error) {
+	if len(payload) != initproto.ExitFrameLen {
+		return event{}, fmt.Errorf("the init sent an exit frame of %d bytes, want %d", len(payload), initproto.ExitFrameLen)
+	}
+	return event{kind: initproto.IExit, at: time.Now(), status: syscall.WaitStatus(binary.BigEndian.Uint32(payload)),
+		outTotal: int64(binary.BigEndian.Uint64(payload[4:])), errTotal: int64(binary.BigEndian.Uint64(payload[12:])),
+		ran: time.Duration(binary.BigEndian.Uint64(payload[20:])), flags: binary.BigEndian.Uint32(payload[28:]), usage: used}, nil
 }
 
 // output keeps a chunk of the call's stdout or stderr — of its head
