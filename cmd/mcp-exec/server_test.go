@@ -110,9 +110,11 @@ func TestExec(t *testing.T) {
 		{name: "timeout", args: map[string]any{"code": "import time; print('start', flush=True); time.sleep(30)", "timeout_s": 1},
 			want: execOutput{Stdout: "start\n", ExitCode: 137, TimedOut: true}, inText: "timed out", maxMS: 5000},
 		{name: "invalid UTF-8", args: map[string]any{"code": `import sys; sys.stdout.buffer.write(b"a\xff\xfeb\n")`},
-			want: execOutput{Stdout: "a\uFFFDb\n"}},
+			want: execOutput{Stdout: "a\uFFFD\uFFFDb\n"}}, // one U+FFFD a byte: counts hold
 		{name: "truncated", args: map[string]any{"code": "print('x' * 5000); print('y' * 10, file=__import__('sys').stderr)"},
-			want:   execOutput{Stdout: strings.Repeat("x", 1000), Stderr: "yyyyyyyyyy\n", StdoutTruncated: true, Truncated: true},
+			// The head and the tail, the line between them counted in the cap.
+			want: execOutput{Stdout: strings.Repeat("x", 485) + "\n[… 4032 bytes left out …]\n" + strings.Repeat("x", 483) + "\n",
+				Stderr: "yyyyyyyyyy\n", StdoutTruncated: true, Truncated: true},
 			inText: "stdout truncated at 1000 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

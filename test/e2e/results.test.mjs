@@ -92,7 +92,10 @@ describe('what a model reads back (streamable HTTP, two clients)', () => {
     assert.match(text, /\[… \d+ bytes of stdout left out of this text …\]\n/);
     assert.match(text, /ValueError: boom\n$/, 'the traceback ends the text');
     const sc = r.structuredContent;
-    assert.equal(sc.stdout.length, 1048576);
+    assert.equal(Buffer.byteLength(sc.stdout), 1048576, 'the cap, in bytes');
+    assert.match(sc.stdout, /^00000000 y+\n/);
+    assert.match(sc.stdout, /\n\[… \d+ bytes left out …\]\n/);
+    assert.match(sc.stdout, /the end\n$/, 'the tail of the stream is kept');
     assert.equal(sc.stdout_bytes, 5000008);
     console.log(`# 5 MB print: text ${text.length} chars, structuredContent ${JSON.stringify(sc).length} chars`);
   });
