@@ -304,7 +304,34 @@ func (r *RunscRuntime) parkDir(id string) (string, error) {
 			return "", err
 		}
 	}
+	if err := r.holdParkLock(inst); err != nil {
+		return "", err
+	}
 	return os.MkdirTemp(inst, id+"-")
+}
+
+// parkLockName is the file in an instance's park dir that the instance
+// holds locked while it lives.
+const parkLockName = ".lock"
+
+// holdParkLock takes the lock of the instance's park dir, once: another
+// server's sweep (whose state dir may be another) then leaves it be.
+func (r *RunscRuntime) holdParkLock(inst string) error {
+	r.parkMu.Lock()
+	defer r.parkMu.Unlock()
+	if r.parkLock != nil {
+		return nil
+	}
+	f, err := os.OpenFile(filepath.Join(inst, parkLockName), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("locking the park dir: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return fmt.Errorf("locking the park dir: %w", err)
+	}
+	r.parkLock = f
+	return nil
 }
 
 // ownPrivateDir checks that dir is a directory, not a link to one, of
@@ -321,9 +348,14 @@ func ownPrivateDir(dir string) error {
 	return nil
 }
 
-// sweepParked removes the parked images of instances that are gone: their
-// state dir holds no dir of theirs any more (newInstance swept it).
-func sweepParked(parkRoot, stateDir string) {
+// sweepParked removes the parked images of instances that are gone. An
+// instance holds its park dir's lock while it lives (holdParkLock),
+// whatever its state dir: servers with different state dirs share the
+// park dir, and one's state dir says nothing of another's instances (a
+// server starting beside a live one took its parked sessions' images).
+// A dir without a lock is one an instance is making, unless it is older
+// than making one takes.
+func sweepParked(parkRoot string) {
 	if ownPrivateDir(parkRoot) != nil {
 		return // not ours to clean; parking refuses it too
 	}
@@ -335,10 +367,26 @@ func sweepParked(parkRoot, stateDir string) {
 		if _, err := uuid.Parse(e.Name()); err != nil {
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(stateDir, e.Name())); err != nil {
-			os.RemoveAll(filepath.Join(parkRoot, e.Name()))
+		if dir := filepath.Join(parkRoot, e.Name()); parkDirDead(dir) {
+			os.RemoveAll(dir)
 		}
 	}
+}
+
+// parkDirDead says whether no live instance holds dir.
+func parkDirDead(dir string) bool {
+	f, err := os.OpenFile(filepath.Join(dir, parkLockName), os.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		fi, err := os.Lstat(dir)
+		return err == nil && time.Since(fi.ModTime()) > time.Minute
+	}
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	// Held while the dir goes: the lock is free only when its instance
+	// is gone, and no new one takes an old instance's id.
+	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
 }
 
 func trimOutput(out []byte) string {

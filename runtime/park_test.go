@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +32,10 @@ func newParkedHarness(t *testing.T, park time.Duration) *harness {
 	h.sessions.Park = park
 	t.Cleanup(func() {
 		// Nothing of a parked session outlives it: not its image.
-		if left, _ := filepath.Glob(filepath.Join(dir, "*", "*")); len(left) != 0 {
+		// (The instance's lock file is the runtime's, which goes with it.)
+		left, _ := filepath.Glob(filepath.Join(dir, "*", "*"))
+		left = slices.DeleteFunc(left, func(p string) bool { return filepath.Base(p) == ".lock" })
+		if len(left) != 0 {
 			t.Errorf("parked images left after the runtime closed: %v", left)
 		}
 	})
@@ -83,7 +87,7 @@ func TestSessionParkedHoldsNoMemory(t *testing.T) {
 	if got := string(res.Stdout); got != "33554432 k True True\n" || res.Ended != "" {
 		t.Errorf("restored: stdout %q, ended %q, stderr %s", got, res.Ended, res.Stderr)
 	}
-	if images, _ := filepath.Glob(filepath.Join(runtime.ParkDir(h.rt), "*", "*")); len(images) != 0 {
+	if images, _ := filepath.Glob(filepath.Join(runtime.ParkDir(h.rt), "*", "*-*")); len(images) != 0 {
 		t.Errorf("restored, the image is still on disk: %v", images)
 	}
 	// The limits hold after a restore: the memory limit ends the session.
@@ -181,4 +185,25 @@ func (l *logLines) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.buf.String()
+}
+
+// A server that starts beside a live one, with a state dir of its own
+// and the same park dir (two operators' servers, or a restart of one of
+// several), leaves the live one's parked images be: its session, restored,
+// has what it had. Only a dead instance's images are swept.
+func TestSessionParkedSurvivesAnotherServer(t *testing.T) {
+	h := newParkedHarness(t, 50*time.Millisecond)
+	s := h.newSession()
+	if res := s.run("kept = 41"); res.ExitCode != 0 {
+		t.Fatalf("first call: exit %d, stderr %s", res.ExitCode, res.Stderr)
+	}
+	awaitParked(t, s)
+	other, err := runtime.New(runtime.Runsc, runtime.Config{StateDir: filepath.Join(t.TempDir(), "other-state"), ParkDir: runtime.ParkDir(h.rt)})
+	if err != nil {
+		t.Fatalf("starting another runtime on the same park dir: %v", err)
+	}
+	defer other.Close()
+	if res := s.run("kept + 1"); res.ExitCode != 0 || string(res.Value) != "42" {
+		t.Errorf("after another server started: exit %d, value %q, stderr %s; want the session restored", res.ExitCode, res.Value, res.Stderr)
+	}
 }

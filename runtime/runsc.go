@@ -71,8 +71,11 @@ type RunscRuntime struct {
 
 	filters filterCache // the exact filters the init installs
 	// parkRoot is where parked sessions' images go (park.go), in a dir
-	// of this instance's.
+	// of this instance's; parkLock, once that dir is made, is its lock
+	// file, held while the instance lives (sweepParked).
 	parkRoot string
+	parkMu   sync.Mutex
+	parkLock *os.File
 }
 
 // NewRunsc checks that runsc can give the full sandbox on this host (the
@@ -101,7 +104,7 @@ func NewRunsc(cfg Config) (*RunscRuntime, error) {
 		return nil, fmt.Errorf("creating runsc root dir: %w", err)
 	}
 	parkRoot := cmp.Or(cfg.ParkDir, DefaultParkDir)
-	sweepParked(parkRoot, cfg.StateDir)
+	sweepParked(parkRoot)
 	cfg.Logger.Debug("runsc runtime ready", "runsc", info.Path, "version", info.Version, "platform", info.Platform)
 	return &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root, parkRoot: parkRoot}, nil
 }
@@ -118,6 +121,11 @@ func (r *RunscRuntime) Close() error {
 	errs := []error{r.live.closeAll()}
 	killRunscProcesses(r.root)
 	errs = append(errs, os.RemoveAll(filepath.Join(r.parkRoot, r.inst.id)), r.inst.close())
+	r.parkMu.Lock()
+	if r.parkLock != nil {
+		r.parkLock.Close()
+	}
+	r.parkMu.Unlock()
 	return errors.Join(errs...)
 }
 
