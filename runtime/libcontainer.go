@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"time"
@@ -328,7 +329,10 @@ func (lc *lcContainer) started() error {
 		return fmt.Errorf("%w: reading the state of container %s: %w", ErrSandbox, lc.b.ID, err)
 	}
 	lc.mu.Lock()
-	lc.cgPaths = st.CgroupPaths
+	// A copy: libcontainer's cgroup manager deletes from its own map as
+	// Destroy removes each cgroup, while a session's watcher may still
+	// read its verdict (a fatal concurrent map access killed the server).
+	lc.cgPaths = maps.Clone(st.CgroupPaths)
 	lc.mu.Unlock()
 	if err := limitSockets(st.CgroupPaths, socketBytes(lc.b.Spec)); err != nil {
 		return fmt.Errorf("%w: %w", ErrSandbox, err)
