@@ -120,7 +120,11 @@ func (s *Server) description() string {
 		if d.Partial {
 			more = "at least "
 		}
-		fmt.Fprintf(&b, "Data is in %s, read-only: %s%d files, %s in all; read it there rather than sending it in files. ", d.Path, more, d.Files, humanBytes(d.Bytes))
+		files := "files"
+		if d.Files == 1 && !d.Partial {
+			files = "file"
+		}
+		fmt.Fprintf(&b, "Data is in %s, read-only: %s%d %s, %s in all; read it there rather than sending it in files. ", d.Path, more, d.Files, files, humanBytes(d.Bytes))
 	}
 	if slices.Contains(info.Modules, "matplotlib") {
 		fmt.Fprintf(&b, "plt.show() saves each figure as a PNG in %s, so a plot comes back as an image. ", outputs)

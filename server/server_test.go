@@ -812,6 +812,7 @@ func TestDescriptionData(t *testing.T) {
 		want string
 	}{
 		{&DataInfo{Path: "/data", Files: 3, Bytes: 6_543_210}, "Data is in /data, read-only: 3 files, 6.5 MB in all;"},
+		{&DataInfo{Path: "/data", Files: 1, Bytes: 3_247_127}, "Data is in /data, read-only: 1 file, 3.2 MB in all;"},
 		{&DataInfo{Path: "/data", Files: 100000, Bytes: 999, Partial: true}, "Data is in /data, read-only: at least 100000 files, 999 bytes in all;"},
 		{nil, ""},
 	} {
