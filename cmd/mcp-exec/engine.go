@@ -434,6 +434,10 @@ type recording struct {
 	e *engine
 }
 
+// Unwrap is the runtime, for what the pool asks of it beyond Runtime
+// (runtime.SessionPreparer).
+func (r recording) Unwrap() runtime.Runtime { return r.Runtime }
+
 func (r recording) Prepare(ctx context.Context, cfg bundle.Config) (runtime.Sandbox, error) {
 	sb, err := r.Runtime.Prepare(ctx, cfg)
 	if ctx.Err() == nil {
