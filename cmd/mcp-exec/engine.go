@@ -420,7 +420,7 @@ func (e *engine) startPool(cfg config) {
 // enough to keep one more ready than the calls of the last minute needed.
 func (e *engine) newPool(size int, adaptive bool) *runtime.Pool {
 	spare := 0
-	if lc, ok := e.rt.(*runtime.LibcontainerRuntime); ok && adaptive && lc.Forking().Enabled {
+	if lc, ok := e.rt.(runtime.Forker); ok && adaptive && lc.Forking().Enabled {
 		spare = 1
 	}
 	return runtime.NewPool(runtime.PoolConfig{Runtime: recording{e.rt, e}, Config: e.bundleCfg,
