@@ -524,3 +524,72 @@ func TestForkedUnreportedReapReplacesTemplate(t *testing.T) {
 		t.Errorf("after its template was given up a call ran as %+v; want a fork of a new template", got)
 	}
 }
+
+// What a call leaves anywhere a process of its own could reach — files in
+// /tmp and /dev/shm, a SysV shared memory segment, an abstract unix
+// socket, a listening port on lo, a process that left its session — is
+// gone for the next call forked from the same template (under runsc, in
+// the same gVisor kernel): each call has namespaces of its own, and the
+// end of its pid namespace ends its processes.
+func TestForkedCallsLeaveNothing(t *testing.T) {
+	forEachForking(t, func(t *testing.T, kind runtime.Kind) {
+		testenv.Parallel(t)
+		h := newForkHarnessKind(t, kind, policy.DefaultLimits())
+		var first forked
+		h.probe(forkedProbe, &first)
+		nsProbe := `import json, os
+print(json.dumps({n: os.readlink("/proc/self/ns/" + n) for n in ("mnt", "net", "ipc", "uts", "pid")}))`
+		var nsA, nsB map[string]string
+		h.probe(nsProbe, &nsA)
+		h.mustRun(`import ctypes, os, socket, time
+open("/tmp/left", "w").write("secret")
+open("/dev/shm/left", "w").write("secret")
+libc = ctypes.CDLL(None, use_errno=True)
+shm = libc.shmget(0x6d6370, 4096, 0o1666)
+assert shm >= 0, ctypes.get_errno()
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+u.bind("\0mcp-exec-left")
+u.listen()
+l = socket.socket()
+l.bind(("127.0.0.1", 4444))
+l.listen()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(600)
+    os._exit(0)
+print("left")`)
+		var got struct {
+			Tmp, Shm         bool
+			SysV, Unix, Port int
+			Procs            []int
+			Hash             int64
+		}
+		h.probe(`import ctypes, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(f):
+    try:
+        f()
+        return 0
+    except OSError as e:
+        return e.errno
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+print(json.dumps({"Tmp": os.path.exists("/tmp/left"), "Shm": os.path.exists("/dev/shm/left"),
+    "SysV": libc.shmget(0x6d6370, 4096, 0o666),
+    "Unix": errno_of(lambda: u.connect("\0mcp-exec-left")),
+    "Port": errno_of(lambda: socket.create_connection(("127.0.0.1", 4444), timeout=2)),
+    "Procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), "Hash": hash("mcp-exec")}))`, &got)
+		h.probe(nsProbe, &nsB)
+		if got.Hash != first.Hash {
+			t.Fatalf("the calls came from two templates: this test compares forks of one")
+		}
+		for n, a := range nsA {
+			if nsB[n] == a {
+				t.Errorf("two calls of one template share their %s namespace (%s)", n, a)
+			}
+		}
+		if got.Tmp || got.Shm || got.SysV >= 0 || got.Unix == 0 || got.Port == 0 || len(got.Procs) != 2 {
+			t.Errorf("the next call of the template found what the last left: %+v; want no file, no segment (-1), both connections refused, only pids 1 and 2", got)
+		}
+	})
+}

@@ -652,7 +652,8 @@ func TestRunscForkedCloneParentChildIsReaped(t *testing.T) {
 
 // A template that does not report a call reaped (its zygote stopped
 // mid-call inside gVisor, so the code's process is never waited for) is
-// killed whole within the bound once the call ends, and replaced.
+// killed whole within the bound of the call's first kill (a cancellation
+// here, long before the watchdog's deadline would end it), and replaced.
 func TestRunscForkedUnreportedReapReplacesTemplate(t *testing.T) {
 	h := runscHarness(t, policy.DefaultLimits())
 	h.mustRun("print(1)")
@@ -661,10 +662,16 @@ func TestRunscForkedUnreportedReapReplacesTemplate(t *testing.T) {
 		t.Fatalf("templates %v, want one", tpl)
 	}
 	runtime.WithReapTimeout(time.Second, func() {
-		done := make(chan runtime.Result, 1)
+		b, err := bundle.New(runtime.BundleDir(h.rt), h.cfg, uuid.NewString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
 		go func() {
-			res, _ := h.run(`import time; time.sleep(2)`, func(o *runOpts) { o.timeout = 4 * time.Second })
-			done <- res
+			defer close(done)
+			runtime.RunBundle(ctx, h.rt, b, runtime.Request{Code: []byte("import time; time.sleep(120)"), Timeout: 120 * time.Second, MaxOutputBytes: 1 << 20})
 		}()
 		var zygote int
 		testenv.Eventually(t, "the call's code to run", func() bool {
@@ -680,13 +687,46 @@ func TestRunscForkedUnreportedReapReplacesTemplate(t *testing.T) {
 		if err != nil {
 			t.Fatalf("stopping the zygote: %v: %s", err, out)
 		}
-		<-done
-		testenv.EventuallyWithin(t, 30*time.Second, "the template that did not report to be gone", func() bool {
+		cancel()
+		testenv.EventuallyWithin(t, 20*time.Second, "the template that did not report to be gone, by the bound (the watchdog's deadline is 2 minutes away)", func() bool {
 			return !slices.Contains(runscTemplates(h), tpl[0])
 		})
+		<-done
 	})
 	res := h.mustRun("print(1)")
 	if string(res.Stdout) != "1\n" {
 		t.Errorf("after the template was replaced a call printed %q, want \"1\\n\"", res.Stdout)
+	}
+}
+
+// A cancelled call is killed from inside its template at once (the
+// template's init ends the call's pid namespace): the call returns
+// promptly, nothing of it is left in the template, and the template,
+// unharmed, serves the next call. Were the template not to kill it, the
+// bound on its report would end the whole gVisor sandbox instead.
+func TestRunscForkedCancelKeepsTemplate(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	h.mustRun("print(1)")
+	tpl := runscTemplates(h)
+	if len(tpl) != 1 {
+		t.Fatalf("templates %v, want one", tpl)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		testenv.Eventually(t, "the call's code to run", func() bool { return len(runscPs(t, h, tpl[0])) > 3 })
+		cancel()
+	}()
+	start := time.Now()
+	_, err := h.run("import os, time\nif os.fork() == 0:\n    time.sleep(120)\ntime.sleep(120)", withContext(ctx), withTimeout(120*time.Second))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled call: %v, want context.Canceled", err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("the cancelled call returned after %v", took)
+	}
+	testenv.Eventually(t, "the template to hold its init and zygote only", func() bool { return len(runscPs(t, h, tpl[0])) == 2 })
+	h.mustRun("print(1)")
+	if got := runscTemplates(h); !slices.Equal(got, tpl) {
+		t.Errorf("templates after a cancelled call %v, want the same one, %v", got, tpl)
 	}
 }
