@@ -186,3 +186,6 @@ func SessionCgroups(s *Session) map[string]string {
 	}
 	return nil
 }
+
+// RunscPath is the runsc binary a runsc runtime runs.
+func RunscPath(rt Runtime) string { return rt.(*RunscRuntime).info.Path }

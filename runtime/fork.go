@@ -318,7 +318,7 @@ func (r *LibcontainerRuntime) startTemplate(ctx context.Context, call *bundle.Bu
 	if err != nil {
 		return nil, fmt.Errorf("%w: the template's: %w", errFork, err)
 	}
-	setup, err := r.forkSetup(call)
+	setup, err := forkSetupOf(call, r.inst.cgroupPath("template"), r.seccompFilter, false)
 	if err != nil {
 		tb.Remove()
 		return nil, fmt.Errorf("%w: %w: %w", ErrSandbox, errFork, err)
@@ -335,26 +335,27 @@ func (r *LibcontainerRuntime) startTemplate(ctx context.Context, call *bundle.Bu
 	return &zygote{sb: sb.(*sandbox), fork: setup}, nil
 }
 
-// forkSetup derives what the forks of b's template are given from b's
+// forkSetupOf derives what the forks of b's template are given from b's
 // spec: the fresh mounts, masks and hostname a container of it would
-// have, the seccomp filter, the init's capabilities once set up, the
-// cgroups.
-func (r *LibcontainerRuntime) forkSetup(b *bundle.Bundle) (*forkedSetup, error) {
+// have, the seccomp filter (compiled by compile), the init's capabilities
+// once set up, the cgroups (at cgroupPath; none inside gVisor, whose
+// forks' cgroups are their template's sandbox's).
+func forkSetupOf(b *bundle.Bundle, cgroupPath string, compile func(*specs.LinuxSeccomp) ([]byte, error), gvisor bool) (*forkedSetup, error) {
 	spec := *b.Spec
 	linux := *spec.Linux
 	spec.Linux = &linux
-	linux.CgroupsPath = r.inst.cgroupPath("template")
+	linux.CgroupsPath = cgroupPath
 	config, err := specconv.CreateLibcontainerConfig(&specconv.CreateOpts{CgroupName: b.ID, Spec: &spec})
 	if err != nil {
 		return nil, fmt.Errorf("converting spec: %w", err)
 	}
-	fc := &initproto.Fresh{Masked: slices.Clone(linux.MaskedPaths), Readonly: slices.Clone(linux.ReadonlyPaths), Hostname: spec.Hostname}
+	fc := &initproto.Fresh{Masked: slices.Clone(linux.MaskedPaths), Readonly: slices.Clone(linux.ReadonlyPaths), Hostname: spec.Hostname, GVisor: gvisor}
 	fc.Mounts = freshMounts(config.Mounts)
 	if !slices.ContainsFunc(fc.Mounts, func(m initproto.Mount) bool { return m.Type == "proc" }) ||
 		!slices.ContainsFunc(fc.Mounts, func(m initproto.Mount) bool { return m.Target == b.Init.WorkDir }) {
 		return nil, fmt.Errorf("the spec has no /proc or no tmpfs at the work dir %s, which a forked sandbox needs", b.Init.WorkDir)
 	}
-	if !cgroups.IsCgroup2UnifiedMode() {
+	if !cgroups.IsCgroup2UnifiedMode() && !gvisor {
 		fc.LoopbackMTU = loopbackMTU // as shrinkLoopback does for a container
 	}
 	if c := spec.Process.Capabilities; c != nil {
@@ -369,12 +370,12 @@ func (r *LibcontainerRuntime) forkSetup(b *bundle.Bundle) (*forkedSetup, error) 
 	if linux.Seccomp == nil {
 		return nil, errors.New("the spec has no seccomp filter")
 	}
-	bpf, err := r.seccompFilter(editedSeccomp(linux.Seccomp))
+	bpf, err := compile(editedSeccomp(linux.Seccomp))
 	if err != nil {
 		return nil, err
 	}
 	setup := &forkedSetup{config: fc, bpf: bpf, cgroup: config.Cgroups}
-	if !cgroups.IsCgroup2UnifiedMode() {
+	if !cgroups.IsCgroup2UnifiedMode() && !gvisor {
 		if setup.roots, err = controllerRoots(config.Cgroups, linux.CgroupsPath); err != nil {
 			return nil, err
 		}
@@ -666,7 +667,7 @@ func (fc *forkContainer) start(child [3]*os.File) error {
 	closeAll(fc.procs)
 	fc.procs = nil
 	if err == nil {
-		err = fc.awaitForked()
+		err = awaitForked(fc.z)
 	}
 	if err != nil {
 		fc.broken = true
@@ -674,15 +675,21 @@ func (fc *forkContainer) start(child [3]*os.File) error {
 		return fmt.Errorf("%w: %w: %w", ErrSandbox, errFork, err)
 	}
 	fc.forked = true
-	go fc.awaitReaped()
+	go func() {
+		defer close(fc.reaped)
+		if !awaitReaped(fc.z) {
+			fc.broken = true
+		}
+	}()
 	return nil
 }
 
-// awaitForked waits for the template to say the fork is made.
-func (fc *forkContainer) awaitForked() error {
+// awaitForked waits for z's template to say the fork is made; one that
+// does not within forkTimeout is killed.
+func awaitForked(z *zygote) error {
 	timer := time.NewTimer(forkTimeout)
 	defer timer.Stop()
-	conn := fc.z.sb.conn
+	conn := z.sb.conn
 	for {
 		select {
 		case ev := <-conn.events:
@@ -695,29 +702,27 @@ func (fc *forkContainer) awaitForked() error {
 				return fmt.Errorf("the template ended: %s", conn.failure())
 			}
 		case <-timer.C:
-			fc.z.sb.c.kill()
+			z.sb.c.kill()
 			return fmt.Errorf("the template did not fork within %v", forkTimeout)
 		}
 	}
 }
 
-// awaitReaped waits for the template to reap the call's init, or to end.
-func (fc *forkContainer) awaitReaped() {
-	defer close(fc.reaped)
-	conn := fc.z.sb.conn
+// awaitReaped waits for z's template to reap the call's init (true), or
+// to fail or end (false).
+func awaitReaped(z *zygote) bool {
+	conn := z.sb.conn
 	for {
 		select {
 		case ev := <-conn.events:
 			switch ev.kind {
 			case initproto.IReaped:
-				return
+				return true
 			case initproto.IError, 0:
-				fc.broken = true
-				return
+				return false
 			}
-		case <-fc.z.sb.done:
-			fc.broken = true
-			return
+		case <-z.sb.done:
+			return false
 		}
 	}
 }

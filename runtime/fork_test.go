@@ -37,9 +37,29 @@ func newForkHarness(t *testing.T, limits policy.Limits) *harness {
 	return newForkHarnessConfig(t, limits, runtime.ForkConfig{Enabled: true}, true)
 }
 
+// newForkHarnessKind is newForkHarness on the runtime of kind.
+func newForkHarnessKind(t *testing.T, kind runtime.Kind, limits policy.Limits) *harness {
+	t.Helper()
+	return newForkHarnessConfigKind(t, kind, limits, runtime.ForkConfig{Enabled: true}, true)
+}
+
+// forEachForking runs f as a subtest on each runtime whose sandboxes
+// fork from templates: libcontainer, and runsc inside gVisor.
+func forEachForking(t *testing.T, f func(t *testing.T, kind runtime.Kind)) {
+	t.Helper()
+	for _, kind := range runtimeKinds(t) {
+		t.Run(string(kind), func(t *testing.T) { f(t, kind) })
+	}
+}
+
 func newForkHarnessConfig(t *testing.T, limits policy.Limits, fork runtime.ForkConfig, mustFork bool) *harness {
 	t.Helper()
-	h := newHarnessConfig(t, runtime.Libcontainer, limits, runtime.Config{Fork: fork})
+	return newForkHarnessConfigKind(t, runtime.Libcontainer, limits, fork, mustFork)
+}
+
+func newForkHarnessConfigKind(t *testing.T, kind runtime.Kind, limits policy.Limits, fork runtime.ForkConfig, mustFork bool) *harness {
+	t.Helper()
+	h := newHarnessConfig(t, kind, limits, runtime.Config{Fork: fork})
 	if mustFork {
 		t.Cleanup(func() {
 			if st := h.forking(); st.LastError != "" {
@@ -51,7 +71,7 @@ func newForkHarnessConfig(t *testing.T, limits policy.Limits, fork runtime.ForkC
 }
 
 func (h *harness) forking() runtime.ForkStatus {
-	return h.rt.(*runtime.LibcontainerRuntime).Forking()
+	return h.rt.(interface{ Forking() runtime.ForkStatus }).Forking()
 }
 
 // forkedProbe is what a call sees of where it runs: its pid and parent's
@@ -78,11 +98,17 @@ type forked struct {
 // and /tmp holds only the outputs dir, whatever the template's forks
 // before it wrote.
 func TestForkedSandboxIsFresh(t *testing.T) {
-	testenv.Parallel(t)
-	cold := newHarness(t, runtime.Libcontainer, policy.DefaultLimits())
+	forEachForking(t, func(t *testing.T, kind runtime.Kind) {
+		testenv.Parallel(t)
+		testForkedSandboxIsFresh(t, kind)
+	})
+}
+
+func testForkedSandboxIsFresh(t *testing.T, kind runtime.Kind) {
+	cold := newHarness(t, kind, policy.DefaultLimits())
 	var container forked
 	cold.probe(forkedProbe, &container)
-	h := newForkHarness(t, policy.DefaultLimits())
+	h := newForkHarnessKind(t, kind, policy.DefaultLimits())
 	var first forked
 	for i := 0; i < 3; i++ {
 		var got forked
@@ -90,6 +116,14 @@ func TestForkedSandboxIsFresh(t *testing.T) {
 open("/tmp/left-by-%d" % os.getpid(), "w").write("x")`, &got)
 		if got.PID != 2 || got.PPID != 0 || len(got.Procs) != 2 || got.Procs[0] != 1 || got.Procs[1] != 2 {
 			t.Errorf("call %d: pid %d, parent %d, /proc %v; want pid 2, parent 0 (outside), only 1 and 2", i, got.PID, got.PPID, got.Procs)
+		}
+		if kind == runtime.Runsc {
+			// gVisor's runsc masks nothing of its /proc, its own; a fork
+			// masks what a libcontainer container's masks, as its init
+			// does everywhere: more than a fresh gVisor sandbox, never less.
+			got.Mounts = slices.DeleteFunc(got.Mounts, func(m string) bool {
+				return strings.HasPrefix(m, "/proc/") || strings.HasPrefix(m, "/sys/firmware ")
+			})
 		}
 		if strings.Join(got.Mounts, "\n") != strings.Join(container.Mounts, "\n") {
 			t.Errorf("call %d: mounts\n%s\nwant a fresh container's\n%s", i, strings.Join(got.Mounts, "\n"), strings.Join(container.Mounts, "\n"))
@@ -112,8 +146,13 @@ open("/tmp/left-by-%d" % os.getpid(), "w").write("x")`, &got)
 // the same template: not its modules, builtins, import path, environment,
 // working directory, signal handlers or open files.
 func TestForkedCallsDoNotMeet(t *testing.T) {
-	testenv.Parallel(t)
-	h := newForkHarness(t, policy.DefaultLimits())
+	forEachForking(t, func(t *testing.T, kind runtime.Kind) {
+		testenv.Parallel(t)
+		testForkedCallsDoNotMeet(t, newForkHarnessKind(t, kind, policy.DefaultLimits()))
+	})
+}
+
+func testForkedCallsDoNotMeet(t *testing.T, h *harness) {
 	h.mustRun(`import builtins, json, os, signal, sys
 builtins.LEAK = 1
 json.LEAK = 1
@@ -224,8 +263,13 @@ print(json.dumps({"preloaded": str(preloaded), "hash": str(hash("mcp-exec")),
 // A template serves at most MaxCalls calls: then its forks' interpreter,
 // and so its hash secret and address-space layout, is a new one.
 func TestForkedTemplateReplacedAfterMaxCalls(t *testing.T) {
-	testenv.Parallel(t)
-	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true, MaxCalls: 2}, true)
+	forEachForking(t, func(t *testing.T, kind runtime.Kind) {
+		testenv.Parallel(t)
+		testForkedTemplateReplacedAfterMaxCalls(t, newForkHarnessConfigKind(t, kind, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true, MaxCalls: 2}, true))
+	})
+}
+
+func testForkedTemplateReplacedAfterMaxCalls(t *testing.T, h *harness) {
 	var hashes []int64
 	for i := 0; i < 3; i++ {
 		var got forked
@@ -319,7 +363,12 @@ func TestForkedStuckTemplateGivenUp(t *testing.T) {
 // call is never refused for forking's sake. Three such calls in a row stop
 // forking for the runtime's life.
 func TestForkedFailuresFallBackToAContainer(t *testing.T) {
-	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true}, false)
+	forEachForking(t, func(t *testing.T, kind runtime.Kind) {
+		testForkedFailuresFallBack(t, newForkHarnessConfigKind(t, kind, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true}, false))
+	})
+}
+
+func testForkedFailuresFallBack(t *testing.T, h *harness) {
 	runtime.WithForksAsUID(0, func() {
 		for i := 0; i < 3; i++ {
 			var got forked
@@ -344,7 +393,12 @@ func TestForkedFailuresFallBackToAContainer(t *testing.T) {
 // wrong) is refused, the call gets a fresh container, and the template is
 // replaced. Without the check the code would run as the slot's root.
 func TestForkedUnconfinedIsRefused(t *testing.T) {
-	h := newForkHarnessConfig(t, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true}, false)
+	forEachForking(t, func(t *testing.T, kind runtime.Kind) {
+		testForkedUnconfinedIsRefused(t, newForkHarnessConfigKind(t, kind, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true}, false))
+	})
+}
+
+func testForkedUnconfinedIsRefused(t *testing.T, h *harness) {
 	runtime.WithForksAsUID(0, func() {
 		var got struct{ UID, PPID int }
 		h.probe(`import json, os; print(json.dumps({"UID": os.getuid(), "PPID": os.getppid()}))`, &got)
@@ -360,8 +414,13 @@ func TestForkedUnconfinedIsRefused(t *testing.T) {
 // Calls at once run on templates of their own, each in its call slot:
 // concurrency makes templates, and they serve later calls.
 func TestForkedConcurrentCallsUseTemplatesOfTheirOwn(t *testing.T) {
-	testenv.Parallel(t)
-	h := newForkHarness(t, policy.DefaultLimits())
+	forEachForking(t, func(t *testing.T, kind runtime.Kind) {
+		testenv.Parallel(t)
+		testForkedConcurrentCalls(t, newForkHarnessKind(t, kind, policy.DefaultLimits()))
+	})
+}
+
+func testForkedConcurrentCalls(t *testing.T, h *harness) {
 	var wg sync.WaitGroup
 	hashes := make([]int64, 3)
 	for i := range hashes {
@@ -493,4 +552,73 @@ func TestForkedUnreportedReapReplacesTemplate(t *testing.T) {
 	if got.PID != 2 || got.Hash == first.Hash {
 		t.Errorf("after its template was given up a call ran as %+v; want a fork of a new template", got)
 	}
+}
+
+// What a call leaves anywhere a process of its own could reach — files in
+// /tmp and /dev/shm, a SysV shared memory segment, an abstract unix
+// socket, a listening port on lo, a process that left its session — is
+// gone for the next call forked from the same template (under runsc, in
+// the same gVisor kernel): each call has namespaces of its own, and the
+// end of its pid namespace ends its processes.
+func TestForkedCallsLeaveNothing(t *testing.T) {
+	forEachForking(t, func(t *testing.T, kind runtime.Kind) {
+		testenv.Parallel(t)
+		h := newForkHarnessKind(t, kind, policy.DefaultLimits())
+		var first forked
+		h.probe(forkedProbe, &first)
+		nsProbe := `import json, os
+print(json.dumps({n: os.readlink("/proc/self/ns/" + n) for n in ("mnt", "net", "ipc", "uts", "pid")}))`
+		var nsA, nsB map[string]string
+		h.probe(nsProbe, &nsA)
+		h.mustRun(`import ctypes, os, socket, time
+open("/tmp/left", "w").write("secret")
+open("/dev/shm/left", "w").write("secret")
+libc = ctypes.CDLL(None, use_errno=True)
+shm = libc.shmget(0x6d6370, 4096, 0o1666)
+assert shm >= 0, ctypes.get_errno()
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+u.bind("\0mcp-exec-left")
+u.listen()
+l = socket.socket()
+l.bind(("127.0.0.1", 4444))
+l.listen()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(600)
+    os._exit(0)
+print("left")`)
+		var got struct {
+			Tmp, Shm         bool
+			SysV, Unix, Port int
+			Procs            []int
+			Hash             int64
+		}
+		h.probe(`import ctypes, json, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(f):
+    try:
+        f()
+        return 0
+    except OSError as e:
+        return e.errno
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+print(json.dumps({"Tmp": os.path.exists("/tmp/left"), "Shm": os.path.exists("/dev/shm/left"),
+    "SysV": libc.shmget(0x6d6370, 4096, 0o666),
+    "Unix": errno_of(lambda: u.connect("\0mcp-exec-left")),
+    "Port": errno_of(lambda: socket.create_connection(("127.0.0.1", 4444), timeout=2)),
+    "Procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()), "Hash": hash("mcp-exec")}))`, &got)
+		h.probe(nsProbe, &nsB)
+		if got.Hash != first.Hash {
+			t.Fatalf("the calls came from two templates: this test compares forks of one")
+		}
+		for n, a := range nsA {
+			if nsB[n] == a {
+				t.Errorf("two calls of one template share their %s namespace (%s)", n, a)
+			}
+		}
+		if got.Tmp || got.Shm || got.SysV >= 0 || got.Unix == 0 || got.Port == 0 || len(got.Procs) != 2 {
+			t.Errorf("the next call of the template found what the last left: %+v; want no file, no segment (-1), both connections refused, only pids 1 and 2", got)
+		}
+	})
 }

@@ -149,29 +149,40 @@ func runtimeKinds(t *testing.T) []runtime.Kind {
 }
 
 // variant is one way the container runtimes make a sandbox: each
-// runtime's own, and libcontainer's forks of a template.
+// runtime's forks of a template (a server's default), and a fresh
+// container, or gVisor sandbox, per call (MCP_EXEC_FORK=false).
 type variant struct {
 	name string
 	kind runtime.Kind
 	fork bool
 }
 
-// variants are every runtime of runtimeKinds, and libcontainer forked.
+// variants are every runtime of runtimeKinds, fresh and forked: runsc's
+// forks are "runsc", a gVisor sandbox per call "runsc-fresh".
 func variants(t *testing.T) []variant {
 	var vs []variant
 	for _, kind := range runtimeKinds(t) {
-		vs = append(vs, variant{string(kind), kind, false})
-		if kind == runtime.Libcontainer {
-			vs = append(vs, variant{"libcontainer-fork", kind, true})
+		switch kind {
+		case runtime.Libcontainer:
+			vs = append(vs, variant{string(kind), kind, false}, variant{"libcontainer-fork", kind, true})
+		case runtime.Runsc:
+			vs = append(vs, variant{string(kind), kind, true}, variant{"runsc-fresh", kind, false})
+		default:
+			vs = append(vs, variant{string(kind), kind, false})
 		}
 	}
 	return vs
 }
 
+// fresh: a container or gVisor sandbox per call, not a fork.
+func (v variant) fresh() bool {
+	return !v.fork && (v.kind == runtime.Libcontainer || v.kind == runtime.Runsc)
+}
+
 func (v variant) harness(t *testing.T, limits policy.Limits) *harness {
 	t.Helper()
 	if v.fork {
-		return newForkHarness(t, limits)
+		return newForkHarnessKind(t, v.kind, limits)
 	}
 	return newHarness(t, v.kind, limits)
 }
@@ -200,8 +211,9 @@ const (
 	// the pinned current gVisor is not installed: for what a syscall-level
 	// difference between gVisor versions can change.
 	modeOldGVisor
-	// modeFresh: libcontainer making a fresh container per call
-	// (MCP_EXEC_FORK=false) beside its default, forks of a template: for
+	// modeFresh: libcontainer making a fresh container, and runsc a
+	// gVisor sandbox, per call (MCP_EXEC_FORK=false) beside their
+	// default, forks of a template: for
 	// what making the sandbox can change (its identity, namespaces,
 	// mounts, filter, limits). What the init and the interpreter do once
 	// the sandbox is made is the same in both.
@@ -280,7 +292,7 @@ var containerModes = []struct {
 func forEachContainerRuntime(t *testing.T, modes mode, f func(t *testing.T, h *harness)) {
 	t.Helper()
 	for _, v := range variants(t) {
-		if fresh := v.kind == runtime.Libcontainer && !v.fork; fresh && !modes.run(modeFresh) {
+		if v.fresh() && !modes.run(modeFresh) {
 			continue
 		}
 		t.Run(v.name, func(t *testing.T) {
@@ -288,7 +300,7 @@ func forEachContainerRuntime(t *testing.T, modes mode, f func(t *testing.T, h *h
 			f(t, v.harness(t, policy.DefaultLimits()))
 		})
 		for _, m := range containerModes {
-			if !modes.run(m.mode) || (v.kind == runtime.Libcontainer && !v.fork && !testenv.Full()) {
+			if !modes.run(m.mode) || (v.fresh() && !testenv.Full()) {
 				continue
 			}
 			t.Run(v.name+m.suffix, func(t *testing.T) {
@@ -298,7 +310,7 @@ func forEachContainerRuntime(t *testing.T, modes mode, f func(t *testing.T, h *h
 				f(t, h)
 			})
 		}
-		if v.kind == runtime.Runsc && modes.run(modeSession) {
+		if v.kind == runtime.Runsc && v.fork && modes.run(modeSession) {
 			// A session's second call on a session parked between the
 			// two: restored, it must hold what it held.
 			t.Run("runsc-parked", func(t *testing.T) {
@@ -308,7 +320,7 @@ func forEachContainerRuntime(t *testing.T, modes mode, f func(t *testing.T, h *h
 				f(t, h)
 			})
 		}
-		if v.kind == runtime.Runsc && modes.run(modeOldGVisor) {
+		if v.kind == runtime.Runsc && v.fork && modes.run(modeOldGVisor) {
 			t.Run("runsc-debian", func(t *testing.T) {
 				testenv.Parallel(t)
 				f(t, newHarnessConfig(t, v.kind, policy.DefaultLimits(), runtime.Config{RunscPath: debianRunsc(t)}))

@@ -395,6 +395,29 @@ func (s *initConn) forkRequest(payload []byte, fds []int) error {
 // kill asks the init to kill the code; its answer follows as usual.
 func (s *initConn) kill() { s.signal(initproto.HKill) }
 
+// killCall asks a template's init to kill its call under way, at once
+// and in order with the forks: a kill sent later, as the next fork went
+// out, would kill the next call. It does not wait on a template that does
+// not read; false then (or when the stream is closed).
+func (s *initConn) killCall() bool {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	raw, err := s.to.SyscallConn()
+	if err != nil {
+		return false
+	}
+	msg := frame(initproto.HKill)
+	var n int
+	var werr error
+	if err := raw.Write(func(fd uintptr) bool {
+		n, werr = unix.SendmsgN(int(fd), msg, nil, nil, unix.MSG_DONTWAIT)
+		return true
+	}); err != nil {
+		return false
+	}
+	return werr == nil && n == len(msg)
+}
+
 // interrupt asks the init to interrupt the code (KeyboardInterrupt).
 func (s *initConn) interrupt() { s.signal(initproto.HInterrupt) }
 

@@ -28,7 +28,9 @@ func newParkedHarness(t *testing.T, park time.Duration) *harness {
 	t.Helper()
 	testenv.Real(t)
 	dir := filepath.Join(t.TempDir(), "parked") // made by the runtime, 0700
-	h := newHarnessConfig(t, runtime.Runsc, policy.DefaultLimits(), runtime.Config{ParkDir: dir})
+	// As a server runs runsc: its calls forked, its sessions gVisor
+	// sandboxes of their own (runtime.SessionPreparer).
+	h := newHarnessConfig(t, runtime.Runsc, policy.DefaultLimits(), runtime.Config{ParkDir: dir, Fork: runtime.ForkConfig{Enabled: true}})
 	h.sessions.Park = park
 	t.Cleanup(func() {
 		// Nothing of a parked session outlives it: not its image.
@@ -139,7 +141,9 @@ func TestSessionParkDirNotPrivateIsRefused(t *testing.T) {
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	h := newHarnessConfig(t, runtime.Runsc, policy.DefaultLimits(), runtime.Config{ParkDir: dir})
+	// As a server runs runsc: its calls forked, its sessions gVisor
+	// sandboxes of their own (runtime.SessionPreparer).
+	h := newHarnessConfig(t, runtime.Runsc, policy.DefaultLimits(), runtime.Config{ParkDir: dir, Fork: runtime.ForkConfig{Enabled: true}})
 	logs := &logLines{}
 	h.sessions.Park = time.Millisecond
 	h.sessions.Logger = slog.New(slog.NewTextHandler(logs, nil))

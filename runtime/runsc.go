@@ -76,6 +76,9 @@ type RunscRuntime struct {
 	parkRoot string
 	parkMu   sync.Mutex
 	parkLock *os.File
+	// templates fork the sandboxes (runsc_fork.go); nil when each is a
+	// gVisor sandbox of its own.
+	templates *templates
 }
 
 // NewRunsc checks that runsc can give the full sandbox on this host (the
@@ -106,7 +109,11 @@ func NewRunsc(cfg Config) (*RunscRuntime, error) {
 	parkRoot := cmp.Or(cfg.ParkDir, DefaultParkDir)
 	sweepParked(parkRoot)
 	cfg.Logger.Debug("runsc runtime ready", "runsc", info.Path, "version", info.Version, "platform", info.Platform)
-	return &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root, parkRoot: parkRoot}, nil
+	r := &RunscRuntime{cfg: cfg, inst: inst, info: info, root: root, parkRoot: parkRoot}
+	if cfg.Fork.Enabled {
+		r.templates = newTemplates(cfg.Fork, cfg.Logger, r.startTemplate)
+	}
+	return r, nil
 }
 
 func (r *RunscRuntime) Kind() Kind          { return Runsc }
@@ -118,6 +125,9 @@ func (r *RunscRuntime) Info() host.RunscInfo { return r.info }
 
 // Close kills every sandbox still running and removes the instance.
 func (r *RunscRuntime) Close() error {
+	if r.templates != nil {
+		r.templates.close()
+	}
 	errs := []error{r.live.closeAll()}
 	killRunscProcesses(r.root)
 	errs = append(errs, os.RemoveAll(filepath.Join(r.parkRoot, r.inst.id)), r.inst.close())
@@ -156,8 +166,23 @@ func (r *RunscRuntime) Prepare(ctx context.Context, cfg bundle.Config) (Sandbox,
 	return r.prepareBundle(ctx, b)
 }
 
-// prepareBundle prepares the sandbox of b, which it owns from then on.
+// prepareBundle prepares the sandbox of b, which it owns from then on:
+// with forking on, a fork of a template (runsc_fork.go); should the
+// templates fail, a gVisor sandbox of its own.
 func (r *RunscRuntime) prepareBundle(ctx context.Context, b *bundle.Bundle) (Sandbox, error) {
+	if r.templates != nil && r.templates.on() {
+		sb, fb, err := r.prepareForked(ctx, b)
+		if fb == nil {
+			return sb, err // b was the sandbox's, made or failed
+		}
+		if ctx.Err() != nil {
+			fb.Remove()
+			return nil, ctx.Err()
+		}
+		r.templates.failed(err)
+		r.cfg.Logger.Warn("templates could not fork the sandbox; making a gVisor sandbox of its own", "err", err)
+		b = fb
+	}
 	return prepare(ctx, &r.live, b, &runscContainer{rt: r, b: b, ended: make(chan struct{})})
 }
 
@@ -220,6 +245,9 @@ func (rc *runscContainer) create(context.Context) error {
 func (rc *runscContainer) initConfig() (*initproto.Config, error) {
 	c := containerInit(rc.b)
 	c.Seccomp = rc.seccomp
+	// A template's (runsc_fork.go): its interpreter a zygote, under the
+	// template's filter, which gVisor applies (--oci-seccomp).
+	c.Template = rc.b.Config.Template
 	return c, nil
 }
 
@@ -229,7 +257,10 @@ func (rc *runscContainer) initConfig() (*initproto.Config, error) {
 // (a 64 MiB write arrived as ~4 MiB, with os.write returning success).
 // With a socket its writes block as they should and nothing is lost.
 // The code itself sees pipes under every runtime: the init's.
-func (rc *runscContainer) stdio() (child, parent [3]*os.File, err error) {
+func (rc *runscContainer) stdio() (child, parent [3]*os.File, err error) { return socketStdio() }
+
+// socketStdio are a gVisor sandbox's init's standard streams (see stdio).
+func socketStdio() (child, parent [3]*os.File, err error) {
 	for i, name := range []string{"stdin", "stdout", "stderr"} {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {

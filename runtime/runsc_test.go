@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -29,9 +31,22 @@ import (
 // teardown. Where gVisor legitimately differs from libcontainer, the test
 // says so and asserts the gVisor expectation.
 
-// runscHarness is a harness on the runsc runtime, or a skip (a failure
-// under CI=true) naming what this host lacks for it.
+// runscHarness is a harness on the runsc runtime as a server runs it,
+// each sandbox a fork of a template (runsc_fork.go), or a skip (a
+// failure under CI=true) naming what this host lacks for it.
 func runscHarness(t *testing.T, limits policy.Limits) *harness {
+	t.Helper()
+	testenv.Parallel(t)
+	testRootfs(t)
+	if err := runtime.RunscUsable(runtime.Config{}); err != nil {
+		need(t, "%v", err)
+	}
+	return newForkHarnessKind(t, runtime.Runsc, limits)
+}
+
+// runscFreshHarness is runscHarness with a gVisor sandbox per call
+// (MCP_EXEC_FORK=false).
+func runscFreshHarness(t *testing.T, limits policy.Limits) *harness {
 	t.Helper()
 	testenv.Parallel(t)
 	testRootfs(t)
@@ -42,10 +57,13 @@ func runscHarness(t *testing.T, limits policy.Limits) *harness {
 }
 
 // assertNoRunsc checks that no runsc process of this runtime instance is
-// left: `runsc run`, the sandbox and the gofer all carry its --root.
+// left: `runsc run`, the sandbox and the gofer all carry its --root. With
+// forking, only the templates' are left, each holding its init and its
+// zygote and nothing else: nothing of a call outlives it in there.
 func assertNoRunsc(t *testing.T, h *harness) {
 	t.Helper()
-	root := "--root=" + filepath.Join(runtime.InstanceDir(h.rt), "runsc")
+	rootDir := filepath.Join(runtime.InstanceDir(h.rt), "runsc")
+	root := "--root=" + rootDir
 	var left []string
 	testenv.EventuallyWithin(t, time.Second, "no runsc process of the runtime to be left", func() bool {
 		left = left[:0]
@@ -56,11 +74,37 @@ func assertNoRunsc(t *testing.T, h *harness) {
 				if st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); bytes.Contains(st, []byte(") Z ")) {
 					continue // a zombie holds nothing; its parent reaps it
 				}
+				if bytes.Contains(cmd, []byte("\x00"+runtime.TemplatePrefix)) {
+					continue // a template's, checked below
+				}
 				left = append(left, e.Name()+": "+string(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
 			}
 		}
 		return len(left) == 0
 	})
+	if len(left) > 0 {
+		t.Errorf("runsc processes left: %q", left)
+	}
+	states, _ := filepath.Glob(filepath.Join(rootDir, runtime.TemplatePrefix+"*_sandbox:*.state"))
+	for _, st := range states {
+		id := strings.SplitN(filepath.Base(st), "_sandbox:", 2)[0]
+		var procs []string
+		testenv.EventuallyWithin(t, 2*time.Second, "the template's sandbox to hold only its init and zygote", func() bool {
+			out, err := exec.Command(runtime.RunscPath(h.rt), "--root="+rootDir, "ps", id).CombinedOutput()
+			if err != nil {
+				procs = []string{err.Error(), string(out)}
+				return !templateAlive(rootDir, id) // retired meanwhile
+			}
+			procs = strings.Split(strings.TrimSpace(string(out)), "\n")[1:]
+			return len(procs) == 2
+		})
+	}
+}
+
+// templateAlive: runsc still has state of the template id.
+func templateAlive(rootDir, id string) bool {
+	m, _ := filepath.Glob(filepath.Join(rootDir, id+"_sandbox:*.state"))
+	return len(m) > 0
 }
 
 func TestRunscPrint(t *testing.T) {
@@ -367,7 +411,16 @@ print("forked 500", flush=True)`, withTimeout(60*time.Second))
 // A sandbox runsc cannot create is an error (ErrSandbox, with runsc's own
 // message), not a result, and leaves nothing behind.
 func TestRunscSandboxFailureIsAnError(t *testing.T) {
-	h := runscHarness(t, policy.DefaultLimits())
+	t.Run("fresh", func(t *testing.T) { testRunscSandboxFailure(t, runscFreshHarness(t, policy.DefaultLimits())) })
+	// A template that cannot start either: the call gets a gVisor
+	// sandbox of its own, whose failure is the call's error.
+	t.Run("forked", func(t *testing.T) {
+		runscHarness(t, policy.DefaultLimits()) // the skip, where runsc is missing
+		testRunscSandboxFailure(t, newForkHarnessConfigKind(t, runtime.Runsc, policy.DefaultLimits(), runtime.ForkConfig{Enabled: true}, false))
+	})
+}
+
+func testRunscSandboxFailure(t *testing.T, h *harness) {
 	cfg := h.cfg
 	cfg.Rootfs = filepath.Join(t.TempDir(), "no-such-rootfs")
 	if err := os.Mkdir(cfg.Rootfs, 0o755); err != nil {
@@ -531,4 +584,155 @@ func TestRunscConcurrentCalls(t *testing.T) {
 		}
 	}
 	assertNoRunsc(t, h)
+}
+
+// runscTemplates lists the ids of h's runsc templates that runsc has
+// state of.
+func runscTemplates(h *harness) []string {
+	rootDir := filepath.Join(runtime.InstanceDir(h.rt), "runsc")
+	states, _ := filepath.Glob(filepath.Join(rootDir, runtime.TemplatePrefix+"*_sandbox:*.state"))
+	var ids []string
+	for _, st := range states {
+		ids = append(ids, strings.SplitN(filepath.Base(st), "_sandbox:", 2)[0])
+	}
+	return ids
+}
+
+// guestProc is a process inside a gVisor sandbox, as `runsc ps` lists it.
+type guestProc struct {
+	PID, PPID int
+	Cmd       string
+}
+
+// runscPs lists the processes inside the sandbox of container id.
+func runscPs(t *testing.T, h *harness, id string) []guestProc {
+	t.Helper()
+	out, err := exec.Command(runtime.RunscPath(h.rt), "--root="+filepath.Join(runtime.InstanceDir(h.rt), "runsc"), "ps", id).Output()
+	if err != nil {
+		return nil
+	}
+	// UID PID PPID C TTY STIME TIME CMD, under a header.
+	var procs []guestProc
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			t.Fatalf("runsc ps: %q", out)
+		}
+		p := guestProc{Cmd: f[len(f)-1]}
+		p.PID, _ = strconv.Atoi(f[1])
+		p.PPID, _ = strconv.Atoi(f[2])
+		procs = append(procs, p)
+	}
+	return procs
+}
+
+// A child the code made its template interpreter's (CLONE_PARENT, were
+// the filter to let it through) is reaped inside gVisor like the code's
+// own process: 20 such calls are forks of one template, which holds its
+// init and zygote only after them (TestForkedCloneParentChildIsReaped is
+// libcontainer's).
+func TestRunscForkedCloneParentChildIsReaped(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	runtime.WithForkSeccomp(allowCloneParent, func() {
+		h.mustRun("print(1)")
+		tpl := runscTemplates(h)
+		if len(tpl) != 1 {
+			t.Fatalf("templates %v, want one", tpl)
+		}
+		for i := 0; i < 20; i++ {
+			res := h.mustRun(cloneParentAttack)
+			f := strings.Fields(string(res.Stdout))
+			if len(f) != 2 || f[0] == "-1" {
+				t.Fatalf("call %d: stdout %q stderr %q: the clone was refused, so this test attacks nothing", i, res.Stdout, res.Stderr)
+			}
+		}
+		if got := runscTemplates(h); !slices.Equal(got, tpl) {
+			t.Errorf("templates after 20 calls %v, want the one that served them all, %v", got, tpl)
+		}
+		if st := h.forking(); st.Forks != 21 || st.Idle != 1 || st.Busy != 0 || st.LastError != "" {
+			t.Errorf("forking after 21 calls: %+v; want 21 forks of one template, idle", st)
+		}
+		testenv.Eventually(t, "the template to hold its init and zygote only", func() bool { return len(runscPs(t, h, tpl[0])) == 2 })
+	})
+}
+
+// A template that does not report a call reaped (its zygote stopped
+// mid-call inside gVisor, so the code's process is never waited for) is
+// killed whole within the bound of the call's first kill (a cancellation
+// here, long before the watchdog's deadline would end it), and replaced.
+func TestRunscForkedUnreportedReapReplacesTemplate(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	h.mustRun("print(1)")
+	tpl := runscTemplates(h)
+	if len(tpl) != 1 {
+		t.Fatalf("templates %v, want one", tpl)
+	}
+	runtime.WithReapTimeout(time.Second, func() {
+		b, err := bundle.New(runtime.BundleDir(h.rt), h.cfg, uuid.NewString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			runtime.RunBundle(ctx, h.rt, b, runtime.Request{Code: []byte("import time; time.sleep(120)"), Timeout: 120 * time.Second, MaxOutputBytes: 1 << 20})
+		}()
+		var zygote int
+		testenv.Eventually(t, "the call's code to run", func() bool {
+			procs := runscPs(t, h, tpl[0])
+			for _, p := range procs {
+				if p.PPID == 1 && strings.Contains(p.Cmd, "python") {
+					zygote = p.PID
+				}
+			}
+			return len(procs) > 3 && zygote != 0
+		})
+		out, err := exec.Command(runtime.RunscPath(h.rt), "--root="+filepath.Join(runtime.InstanceDir(h.rt), "runsc"), "kill", fmt.Sprintf("--pid=%d", zygote), tpl[0], "STOP").CombinedOutput()
+		if err != nil {
+			t.Fatalf("stopping the zygote: %v: %s", err, out)
+		}
+		cancel()
+		testenv.EventuallyWithin(t, 20*time.Second, "the template that did not report to be gone, by the bound (the watchdog's deadline is 2 minutes away)", func() bool {
+			return !slices.Contains(runscTemplates(h), tpl[0])
+		})
+		<-done
+	})
+	res := h.mustRun("print(1)")
+	if string(res.Stdout) != "1\n" {
+		t.Errorf("after the template was replaced a call printed %q, want \"1\\n\"", res.Stdout)
+	}
+}
+
+// A cancelled call is killed from inside its template at once (the
+// template's init ends the call's pid namespace): the call returns
+// promptly, nothing of it is left in the template, and the template,
+// unharmed, serves the next call. Were the template not to kill it, the
+// bound on its report would end the whole gVisor sandbox instead.
+func TestRunscForkedCancelKeepsTemplate(t *testing.T) {
+	h := runscHarness(t, policy.DefaultLimits())
+	h.mustRun("print(1)")
+	tpl := runscTemplates(h)
+	if len(tpl) != 1 {
+		t.Fatalf("templates %v, want one", tpl)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		testenv.Eventually(t, "the call's code to run", func() bool { return len(runscPs(t, h, tpl[0])) > 3 })
+		cancel()
+	}()
+	start := time.Now()
+	_, err := h.run("import os, time\nif os.fork() == 0:\n    time.sleep(120)\ntime.sleep(120)", withContext(ctx), withTimeout(120*time.Second))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled call: %v, want context.Canceled", err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("the cancelled call returned after %v", took)
+	}
+	testenv.Eventually(t, "the template to hold its init and zygote only", func() bool { return len(runscPs(t, h, tpl[0])) == 2 })
+	h.mustRun("print(1)")
+	if got := runscTemplates(h); !slices.Equal(got, tpl) {
+		t.Errorf("templates after a cancelled call %v, want the same one, %v", got, tpl)
+	}
 }

@@ -420,3 +420,9 @@ func NewAuto(cfg Config) (rt Runtime, why string, err error) {
 	rt, err = NewProcess(cfg)
 	return rt, fmt.Sprintf("no per-call container can be made here (%v)", lcErr), err
 }
+
+// Forker is a runtime whose sandboxes can be forks of templates
+// (libcontainer's, runsc's): how that goes.
+type Forker interface {
+	Forking() ForkStatus
+}

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/inhuman/mcp-exec/bundle"
 )
 
 // A Session is one sandbox kept for a sequence of calls, one at a time: a
@@ -79,11 +81,23 @@ type SessionConfig struct {
 // frozen until the first call: one that cannot be frozen is refused here,
 // before it ran anything.
 func (p *Pool) NewSession(ctx context.Context, cfg SessionConfig) (*Session, error) {
-	sb, _, done, err := p.Get(ctx)
-	if err != nil {
-		return nil, err
+	var sb Sandbox
+	if sp, ok := sessionPreparerOf(p.cfg.Runtime); ok {
+		// Its calls' sandboxes may not hold a session as it should be
+		// held: one made for it, then.
+		var err error
+		if sb, err = sp.PrepareSession(ctx, p.cfg.Config); err != nil {
+			return nil, err
+		}
 	}
-	done()
+	if sb == nil {
+		var done func()
+		var err error
+		if sb, _, done, err = p.Get(ctx); err != nil {
+			return nil, err
+		}
+		done()
+	}
 	s, ok := sb.(*sandbox)
 	if !ok {
 		p.closeLater(sb)
@@ -103,6 +117,31 @@ func (p *Pool) NewSession(ctx context.Context, cfg SessionConfig) (*Session, err
 	sess.armPark()
 	sess.mu.Unlock()
 	return sess, nil
+}
+
+// SessionPreparer is a runtime whose persistent sessions take a sandbox
+// of another kind than its calls: runsc's forks (runsc_fork.go) share a
+// template's gVisor sandbox, which cannot be parked on its own, so a
+// session gets a gVisor sandbox of its own, as without forking. A nil
+// sandbox (and no error): the pool's serve sessions too.
+type SessionPreparer interface {
+	PrepareSession(ctx context.Context, cfg bundle.Config) (Sandbox, error)
+}
+
+// sessionPreparerOf finds a SessionPreparer in rt, or in what rt wraps
+// (Unwrap).
+func sessionPreparerOf(rt Runtime) (SessionPreparer, bool) {
+	for rt != nil {
+		if sp, ok := rt.(SessionPreparer); ok {
+			return sp, true
+		}
+		u, ok := rt.(interface{ Unwrap() Runtime })
+		if !ok {
+			return nil, false
+		}
+		rt = u.Unwrap()
+	}
+	return nil, false
 }
 
 // armPark parks the session once it has been frozen parkAfter, if its

@@ -136,7 +136,8 @@ func pause(ctx context.Context, d time.Duration) bool {
 func runtimeSettings(entry string) (kind string, set []string) {
 	entry, fresh := strings.CutSuffix(entry, "+fresh")
 	if fresh {
-		// libcontainer's sandboxes as fresh containers, not forks.
+		// Sandboxes fresh containers (libcontainer) or gVisor sandboxes
+		// (runsc), not forks.
 		set = append(set, "MCP_EXEC_FORK=false")
 	}
 	rest, path, hasPath := strings.Cut(entry, "@")

@@ -72,8 +72,8 @@ func parseOptions(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.Server, "server", "bin/mcp-exec", "the mcp-exec binary to start as `mcp-exec serve`")
 	fs.StringVar(&o.Python, "python", "/usr/bin/python3", "the baseline interpreter (a binary, not a shim script)")
-	runtimes := fs.String("runtimes", "libcontainer,libcontainer+fresh,runsc,runsc/ptrace,runsc@/usr/bin/runsc",
-		"comma-separated MCP_EXEC_RUNTIME values to measure, each optionally with /PLATFORM (gVisor's) and @PATH (the runsc binary); +fresh: libcontainer's sandboxes fresh containers, not forks (MCP_EXEC_FORK=false)")
+	runtimes := fs.String("runtimes", "libcontainer,libcontainer+fresh,runsc,runsc+fresh,runsc/ptrace,runsc@/usr/bin/runsc",
+		"comma-separated MCP_EXEC_RUNTIME values to measure, each optionally with /PLATFORM (gVisor's) and @PATH (the runsc binary); +fresh: sandboxes fresh containers or gVisor sandboxes, not forks (MCP_EXEC_FORK=false)")
 	fs.IntVar(&o.N, "n", 30, "timed calls per snippet for latency")
 	fs.IntVar(&o.Warmup, "warmup", 3, "untimed calls per snippet before the timed ones")
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "how long each throughput level runs")

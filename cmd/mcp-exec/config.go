@@ -167,7 +167,7 @@ func (c *config) settings(serverOnly bool) []setting {
 				}
 				return strconv.Itoa(n)
 			}}},
-		{"MCP_EXEC_FORK", "fork", "libcontainer: fork each sandbox from a template interpreter that never runs a call's code (fresh namespaces, cgroups and /tmp per call); false: a fresh container per call from the start", boolean(&c.Fork)},
+		{"MCP_EXEC_FORK", "fork", "libcontainer and runsc: fork each sandbox from a template interpreter that never runs a call's code (fresh namespaces, cgroups and /tmp per call; under runsc inside a gVisor sandbox per call slot); false: a fresh container or gVisor sandbox per call from the start", boolean(&c.Fork)},
 		{"MCP_EXEC_FORK_MAX_CALLS", "fork-max-calls", "calls a template forks sandboxes for before it is replaced", integer(&c.ForkMaxCalls, 1)},
 		{"MCP_EXEC_FORK_MAX_AGE_S", "fork-max-age", "seconds after which a template is replaced", seconds(&c.ForkMaxAge)},
 		{"MCP_EXEC_PACKAGES_DIR", "packages-dir", "a directory of importable packages (e.g. pip install --target DIR), mounted read-only on the import path", str(&c.PackagesDir)},

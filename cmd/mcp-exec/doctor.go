@@ -203,7 +203,7 @@ func doctorCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int
 				iso := p.Isolation()
 				r.Runtime.Process = &iso
 			}
-			if lc, ok := sb.rt.(*runtime.LibcontainerRuntime); ok && cfg.Fork {
+			if lc, ok := sb.rt.(runtime.Forker); ok && cfg.Fork {
 				if lc.Forking().Forks == 0 {
 					// A cached rootfs is not proven again: prove the fork.
 					runtime.Run(ctx, sb.rt, sb.bundleCfg, runtime.Request{Code: []byte("pass"), Timeout: time.Minute, MaxOutputBytes: 1 << 10})
@@ -337,7 +337,11 @@ func printReport(w io.Writer, r report) {
 // sandboxesMade says how rt makes each call's sandbox, from what its
 // proving run did.
 func sandboxesMade(rt runtime.Runtime, cfg config) string {
-	lc, ok := rt.(*runtime.LibcontainerRuntime)
+	lc, ok := rt.(runtime.Forker)
+	fresh := "a fresh container"
+	if rt.Kind() == runtime.Runsc {
+		fresh = "a gVisor sandbox of its own"
+	}
 	switch {
 	case rt.Kind() == runtime.Process:
 		if p, ok := rt.(*runtime.ProcessRuntime); ok && p.Isolation().Namespaces {
@@ -345,19 +349,23 @@ func sandboxesMade(rt runtime.Runtime, cfg config) string {
 		}
 		return "a fresh confined process per call, without namespaces of its own (MCP_EXEC_PROCESS_NAMESPACES=false, or this host refuses them: see the missing list)"
 	case !ok:
-		return "a fresh container per call"
+		return fresh + " per call"
 	case !cfg.Fork:
-		return "a fresh container per call (MCP_EXEC_FORK=false)"
+		return fresh + " per call (MCP_EXEC_FORK=false)"
 	}
 	st := lc.Forking()
 	switch {
 	case st.Disabled != "":
-		return "a fresh container per call: forking from a template failed here (" + st.Disabled + ")"
+		return fresh + " per call: forking from a template failed here (" + st.Disabled + ")"
 	case st.Forks == 0 && st.LastError != "":
-		return "a fresh container per call: the proving fork failed (" + st.LastError + "); the server tries forking again, and makes a fresh container for each call a fork fails"
+		return fresh + " per call: the proving fork failed (" + st.LastError + "); the server tries forking again, and makes " + fresh + " for each call a fork fails"
 	}
-	return fmt.Sprintf("forked from a template per call (MCP_EXEC_FORK=true; templates replaced after MCP_EXEC_FORK_MAX_CALLS=%d calls or MCP_EXEC_FORK_MAX_AGE_S=%g s)",
-		cfg.ForkMaxCalls, cfg.ForkMaxAge.Seconds())
+	where := ""
+	if rt.Kind() == runtime.Runsc {
+		where = ", inside a gVisor sandbox per call slot that its calls share, each in namespaces of its own"
+	}
+	return fmt.Sprintf("forked from a template per call%s (MCP_EXEC_FORK=true; templates replaced after MCP_EXEC_FORK_MAX_CALLS=%d calls or MCP_EXEC_FORK_MAX_AGE_S=%g s)",
+		where, cfg.ForkMaxCalls, cfg.ForkMaxAge.Seconds())
 }
 
 func userNS(h host.Host) string {

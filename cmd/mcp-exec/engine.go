@@ -535,7 +535,7 @@ func (e *engine) startPool(cfg config) {
 // enough to keep one more ready than the calls of the last minute needed.
 func (e *engine) newPool(size int, adaptive bool) *runtime.Pool {
 	spare := 0
-	if lc, ok := e.rt.(*runtime.LibcontainerRuntime); ok && adaptive && lc.Forking().Enabled {
+	if lc, ok := e.rt.(runtime.Forker); ok && adaptive && lc.Forking().Enabled {
 		spare = 1
 	}
 	return runtime.NewPool(runtime.PoolConfig{Runtime: recording{e.rt, e}, Config: e.bundleCfg,
@@ -548,6 +548,10 @@ type recording struct {
 	runtime.Runtime
 	e *engine
 }
+
+// Unwrap is the runtime, for what the pool asks of it beyond Runtime
+// (runtime.SessionPreparer).
+func (r recording) Unwrap() runtime.Runtime { return r.Runtime }
 
 func (r recording) Prepare(ctx context.Context, cfg bundle.Config) (runtime.Sandbox, error) {
 	sb, err := r.Runtime.Prepare(ctx, cfg)

@@ -78,7 +78,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.prepared, float64(stats.Warm), "warm")
 	counter(c.prepared, float64(stats.Cold), "cold")
 	counter(c.prepared, float64(stats.Failed), "failed")
-	if lc, ok := e.rt.(*runtime.LibcontainerRuntime); ok {
+	if lc, ok := e.rt.(runtime.Forker); ok {
 		st := lc.Forking()
 		gauge(c.tpl, float64(st.Idle), "idle")
 		gauge(c.tpl, float64(st.Busy), "busy")

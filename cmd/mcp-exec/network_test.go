@@ -108,13 +108,13 @@ type netOutput struct {
 }
 
 // TestBinaryNetwork: over HTTP, with the container runtimes (fresh and
-// forked libcontainer sandboxes, runsc), the metrics and the audit log
-// too.
+// forked libcontainer sandboxes, runsc forked and a gVisor sandbox per
+// call), the metrics and the audit log too.
 func TestBinaryNetwork(t *testing.T) {
 	requireSandbox(t)
 	n := newNetEnv(t, 0)
 	for _, rt := range []struct{ name, runtime, fork string }{{"libcontainer-fork", "libcontainer", "true"},
-		{"libcontainer", "libcontainer", "false"}, {"runsc", "runsc", "true"}} {
+		{"libcontainer", "libcontainer", "false"}, {"runsc", "runsc", "true"}, {"runsc-fresh", "runsc", "false"}} {
 		t.Run(rt.name, func(t *testing.T) {
 			if rt.runtime == "runsc" {
 				if _, err := os.Stat("/usr/local/bin/runsc"); err != nil {

@@ -52,6 +52,10 @@ type Fresh struct {
 	// again as a symlink), the mounts above made in it, and nothing else
 	// of the host's; it pivots into it, and the host's root is gone.
 	Root []string
+	// GVisor: the sandbox is a fork inside a gVisor sandbox, whose
+	// kernel shows no Seccomp_filters and no NSpid in /proc/<pid>/status:
+	// the init checks its code's process by what gVisor does show.
+	GVisor bool
 }
 
 // Mount is one fresh mount, as mount(2) takes it.
@@ -169,6 +173,8 @@ var fields = []field{
 		func(w *writer, c *Config) { w.num(uint64(c.fresh().LoopbackMTU)) }},
 	{25, "CFG_KEEP_CAPS", "number: the capabilities a forked sandbox's init keeps after its setup", inFresh,
 		func(w *writer, c *Config) { w.num(c.fresh().KeepCaps) }},
+	{30, "CFG_GVISOR", "number: 1: a forked sandbox inside gVisor, whose /proc has no Seccomp_filters nor NSpid",
+		func(c *Config) bool { f := c.fresh(); return f != nil && f.GVisor }, putOne},
 	{26, "CFG_NAMESPACES", "number: 1: the process runtime's init makes the namespaces it starts in the call's",
 		func(c *Config) bool { return c.Process != nil && c.Process.Namespaces != nil }, putOne},
 	{27, "CFG_PROC_SELF", "number: 1: of /proc the code reads only the machine's entries and its own process",

@@ -82,6 +82,7 @@ struct config {
 	char *hostname;
 	int loopback_mtu;
 	uint64_t keep_caps;
+	int gvisor; // a fork inside gVisor: its /proc shows no Seccomp_filters nor NSpid
 	// The network allowlist: the egress relay's port on 127.0.0.1 (0:
 	// none), and the CA bundle the code trusts, written at ca_path.
 	int relay_port;

@@ -115,6 +115,7 @@ static void field(struct config *c, unsigned key, const unsigned char *v, uint32
 	case CFG_HOSTNAME: c->hostname = string(key, v, n); break;
 	case CFG_LOOPBACK_MTU: c->loopback_mtu = (int)number(key, v, n); break;
 	case CFG_KEEP_CAPS: c->keep_caps = number(key, v, n); break;
+	case CFG_GVISOR: c->gvisor = number(key, v, n) != 0; break;
 	case CFG_NAMESPACES: c->namespaces = number(key, v, n) != 0; break;
 	case CFG_PROC_SELF: c->proc_self = number(key, v, n) != 0; break;
 	case CFG_RELAY_PORT:

@@ -129,7 +129,10 @@ static void call_child(const int *fds, int nprocs, int sync_w) {
 		if (write(fds[FORKED_PROCS_FD + i], "0", 1) != 1)
 			die("moving into the call's cgroups");
 	}
-	if (unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP) < 0)
+	// A kernel without cgroup namespaces (gVisor's) has none to make:
+	// the call's cgroups are then its sandbox's, on the host.
+	int cgroup_ns = access("/proc/self/ns/cgroup", F_OK) == 0 ? CLONE_NEWCGROUP : 0;
+	if (unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | cgroup_ns) < 0)
 		die("making the call's namespaces");
 	int all[MAX_FDS];
 	memcpy(all, fds, sizeof(int) * (size_t)(FORKED_PROCS_FD + nprocs));
@@ -219,6 +222,15 @@ static void fork_call(struct template *t, const unsigned char *p, uint32_t len) 
 	t->zygote_busy = 1;
 }
 
+// kill_call ends the call under way, if its init lives: pid 1 of the
+// call's pid namespace, whose end takes every process of the call with
+// it. Where the host cannot tell the call's processes from the
+// template's (inside gVisor every one is the sentry's), this is its kill.
+static void kill_call(struct template *t) {
+	if (t->pending && t->call > 0)
+		kill(t->call, SIGKILL);
+}
+
 // on_host reads what the host sent, with any descriptors, and handles
 // each whole frame.
 static void on_host(struct template *t) {
@@ -256,6 +268,8 @@ static void on_host(struct template *t) {
 			break;
 		if (f[0] == H_FORK)
 			fork_call(t, f + 5, len);
+		else if (f[0] == H_KILL)
+			kill_call(t);
 		else
 			report(I_ERROR, "a template takes only forks", EPROTO);
 		t->host.off += 5 + (size_t)len;

@@ -103,6 +103,7 @@
 #define CFG_HOSTNAME         23                     // string: the hostname the init sets in its new UTS namespace
 #define CFG_LOOPBACK_MTU     24                     // number: a forked sandbox's loopback MTU (0: the kernel's)
 #define CFG_KEEP_CAPS        25                     // number: the capabilities a forked sandbox's init keeps after its setup
+#define CFG_GVISOR           30                     // number: 1: a forked sandbox inside gVisor, whose /proc has no Seccomp_filters nor NSpid
 #define CFG_NAMESPACES       26                     // number: 1: the process runtime's init makes the namespaces it starts in the call's
 #define CFG_PROC_SELF        27                     // number: 1: of /proc the code reads only the machine's entries and its own process
 #define CFG_ROOT             28                     // string, each: a host path bound read-only at its place into the call's own root (the process runtime's)

@@ -32,6 +32,9 @@ def _zygote():
     # Nothing of the template's /tmp is to stay in reach of a fork.
     os.chdir("/")
     NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWPID, NEWNET = 0x20000, 0x2000000, 0x4000000, 0x8000000, 0x20000000, 0x40000000
+    # A kernel without cgroup namespaces (gVisor's) has none to join; the
+    # template's init made none either (init_template.c).
+    cgroup_ns = NEWCGROUP if os.path.exists("/proc/self/ns/cgroup") else 0
 
     def check(r, what):
         if r != 0:
@@ -109,7 +112,7 @@ def _zygote():
         placed = False
         try:
             z.detach()  # its number is one of the code's pipes from now on
-            check(libc.setns(pidfd, NEWNS | NEWNET | NEWIPC | NEWUTS | NEWCGROUP), "joining the sandbox's namespaces")
+            check(libc.setns(pidfd, NEWNS | NEWNET | NEWIPC | NEWUTS | cgroup_ns), "joining the sandbox's namespaces")
             place(ends)
             placed = True
             confine(uid, gid, prog)
