@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -527,6 +528,11 @@ threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 func (h *harness) openSession() (sess *runtime.Session, end func() error) {
 	h.t.Helper()
 	pool := runtime.NewPool(runtime.PoolConfig{Runtime: h.rt, Config: h.cfg})
+	if h.sessions.Logger == nil {
+		// What a session says of itself (a park that failed, and why) is
+		// in the test's output, beside a test that then waits in vain.
+		h.sessions.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("test", h.t.Name())
+	}
 	sess, err := pool.NewSession(context.Background(), h.sessions)
 	if err != nil {
 		pool.Close()

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	dto "github.com/prometheus/client_model/go"
@@ -285,6 +286,11 @@ func TestBinaryReadyzAfterRootfsChange(t *testing.T) {
 	}
 	p := startServer(t, []string{"MCP_EXEC_AUTH_TOKEN=" + testToken, "MCP_EXEC_ROOTFS=" + root}, "--transport", "http", "--addr", "127.0.0.1:0")
 	base := p.url(t)
+	// Ready once its sandbox is up, which the HTTP listener comes before.
+	testenv.EventuallyWithin(t, 60*time.Second, "/readyz to say ready before the change", func() bool {
+		code, _ := httpGet(t, base+"/readyz")
+		return code == 200
+	})
 	if code, b := httpGet(t, base+"/readyz"); code != 200 {
 		t.Fatalf("/readyz before the change = %d %q", code, b)
 	}
