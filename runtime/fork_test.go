@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -612,13 +613,51 @@ print(json.dumps({"Tmp": os.path.exists("/tmp/left"), "Shm": os.path.exists("/de
 		if got.Hash != first.Hash {
 			t.Fatalf("the calls came from two templates: this test compares forks of one")
 		}
-		for n, a := range nsA {
-			if nsB[n] == a {
-				t.Errorf("two calls of one template share their %s namespace (%s)", n, a)
+		if kind == runtime.Libcontainer {
+			// The host sees the template: no call is in one of its
+			// namespaces. (Two calls' own may well have the same number:
+			// the kernel gives a freed namespace's to the next one made.)
+			tmpl := templateNamespaces(runtime.InstanceID(h.rt))
+			if len(tmpl) == 0 {
+				t.Fatalf("no process of the instance's templates found on the host: the test proves nothing")
+			}
+			for _, ns := range []map[string]string{nsA, nsB} {
+				for n, id := range ns {
+					if tmpl[id] {
+						t.Errorf("a call is in its template's %s namespace (%s)", n, id)
+					}
+				}
+			}
+		} else {
+			// Inside gVisor, whose namespaces the host does not see, two
+			// calls' must differ.
+			for n, a := range nsA {
+				if nsB[n] == a {
+					t.Errorf("two calls of one template share their %s namespace (%s)", n, a)
+				}
 			}
 		}
 		if got.Tmp || got.Shm || got.SysV >= 0 || got.Unix == 0 || got.Port == 0 || len(got.Procs) != 2 {
 			t.Errorf("the next call of the template found what the last left: %+v; want no file, no segment (-1), both connections refused, only pids 1 and 2", got)
 		}
 	})
+}
+
+// templateNamespaces are the namespaces ("net:[4026531840]") of the
+// processes of instance inst's templates, as the host sees them.
+func templateNamespaces(inst string) map[string]bool {
+	set := map[string]bool{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !bytes.Contains(cg, []byte(inst+".templates")) {
+			continue
+		}
+		for _, n := range []string{"mnt", "net", "ipc", "uts", "pid"} {
+			if id, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", n)); err == nil {
+				set[id] = true
+			}
+		}
+	}
+	return set
 }
