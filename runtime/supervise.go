@@ -318,7 +318,14 @@ func (k *call) result() (Result, bool, error) {
 	}
 	// No cgroup counts for the process runtime: its init measured.
 	if k.exit != nil && k.exit.usage != nil {
-		res.CPUTime, res.PeakMemoryBytes = k.exit.usage.cpu, k.exit.usage.peak
+		cpu := k.exit.usage.cpu
+		if res.CPULimited {
+			// The check that ended it read at least the limit; the init's
+			// figure, to a clock tick and taken a moment apart, can be
+			// under it.
+			cpu = max(cpu, res.CPUTime)
+		}
+		res.CPUTime, res.PeakMemoryBytes = cpu, k.exit.usage.peak
 	}
 	req.phases(k.start, k.exitAt)
 	switch {

@@ -311,8 +311,10 @@ func (s *Server) uriFile(i int, uri string, scope *mcp.ServerSession) ([]byte, e
 	case errors.Is(err, errResourceExpired):
 		return nil, fmt.Errorf("files[%d].uri: that output file has expired: they are kept %s s after their call (MCP_EXEC_RESOURCE_TTL_S); make it again", i, fmtSeconds(s.opts.ResourceTTL))
 	case err != nil:
-		return nil, fmt.Errorf("files[%d].uri %q: not an output file this client was given: give the uri of a resource_link (or files[].uri) of an earlier result of this connection, within %s s of it (MCP_EXEC_RESOURCE_TTL_S)",
-			i, clip(uri, 120), fmtSeconds(s.opts.ResourceTTL))
+		// Not the uri itself: the message is logged, and in stateless HTTP
+		// a uri is all it takes to read its file.
+		return nil, fmt.Errorf("files[%d].uri: not an output file this client was given: give the uri of a resource_link (or files[].uri) of an earlier result of this connection, within %s s of it (MCP_EXEC_RESOURCE_TTL_S)",
+			i, fmtSeconds(s.opts.ResourceTTL))
 	}
 	return r.data, nil
 }

@@ -76,13 +76,18 @@ func TestResourcesAreTheClients(t *testing.T) {
 	b := clientAs(t, s, "b")
 	out, _ := call(t, a, map[string]any{"code": "files:big.csv=100000"})
 	uri := out.Files[0].URI
-	if _, err := a.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: uri}); err != nil {
+	own, err := a.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: uri})
+	if err != nil {
 		t.Fatalf("the client's own resource: %v", err)
+	}
+	// Its own, and no intermediary's to keep for another.
+	if own.CacheScope != "private" {
+		t.Errorf("resources/read: cacheScope %q, want private", own.CacheScope)
 	}
 	if _, err := b.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: uri}); err == nil || !strings.Contains(err.Error(), "Resource not found") {
 		t.Errorf("another client's resources/read: %v, want not found", err)
 	}
-	if msg := callErr(t, b, map[string]any{"code": "echofiles", "files": []any{map[string]any{"path": "x", "uri": uri}}}); !strings.HasPrefix(msg, "files[0].uri ") ||
+	if msg := callErr(t, b, map[string]any{"code": "echofiles", "files": []any{map[string]any{"path": "x", "uri": uri}}}); !strings.HasPrefix(msg, "files[0].uri: ") ||
 		!strings.Contains(msg, "not an output file this client was given") {
 		t.Errorf("another client's files[].uri: %q", msg)
 	}
@@ -90,7 +95,7 @@ func TestResourcesAreTheClients(t *testing.T) {
 		t.Errorf("another client's resources/list: %+v, %v; want none", list, err)
 	}
 	for _, bad := range []string{resourcePrefix + strings.Repeat("0", 32) + "/big.csv", strings.Replace(uri, "big.csv", "other.csv", 1), "file:///etc/passwd"} {
-		if msg := callErr(t, a, map[string]any{"code": "echofiles", "files": []any{map[string]any{"path": "x", "uri": bad}}}); !strings.HasPrefix(msg, "files[0].uri ") {
+		if msg := callErr(t, a, map[string]any{"code": "echofiles", "files": []any{map[string]any{"path": "x", "uri": bad}}}); !strings.HasPrefix(msg, "files[0].uri: ") {
 			t.Errorf("files[].uri %q: %q", bad, msg)
 		}
 	}

@@ -220,6 +220,9 @@ func (s *Server) mcpServer(originOf func(*mcp.CallToolRequest) origin) *mcp.Serv
 		// is a client told of its resources coming and going.
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}, Logging: &mcp.LoggingCapabilities{},
 			Resources: &mcp.ResourceCapabilities{}},
+		// A client's output files are its own: no intermediary may keep
+		// one to serve another (the default scope is public).
+		SetCacheable: func(_ context.Context, _ mcp.Request, c *mcp.Cacheable) { c.CacheScope = "private" },
 	})
 	tool := s.tool()
 	srv.AddReceivingMiddleware(checkArguments(schemaProperties(tool.InputSchema)), s.listResources)

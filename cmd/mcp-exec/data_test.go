@@ -4,10 +4,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/inhuman/mcp-exec/internal/testenv"
 	"github.com/inhuman/mcp-exec/server"
 )
 
@@ -87,5 +89,63 @@ func TestDataListing(t *testing.T) {
 	os.Symlink("/etc", filepath.Join(dir, "etc"))
 	if got, want := dataListing(dir), (server.DataInfo{Path: "/data", Files: 2, Bytes: 8}); got != want {
 		t.Errorf("dataListing = %+v, want %+v", got, want)
+	}
+}
+
+// A data dir is mounted by its path for each sandbox: one that a user
+// other than root or the server's could swap after start (by a dir above
+// it they own or may write, or a sticky one where the data dir is theirs)
+// is refused, as is one the check cannot see all of.
+func TestDataDirHeld(t *testing.T) {
+	testenv.Root(t) // the dirs are given to another user
+	const other = 65534
+	base := t.TempDir()
+	os.Chmod(base, 0o755)
+	mk := func(parts ...string) string {
+		d := filepath.Join(append([]string{base}, parts...)...)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	ownedAbove := mk("owned", "data")
+	os.Chown(filepath.Dir(ownedAbove), other, other)
+	writableAbove := mk("writable", "data")
+	os.Chmod(filepath.Dir(writableAbove), 0o777)
+	stickyTheirs := mk("sticky", "theirs")
+	os.Chmod(filepath.Dir(stickyTheirs), 0o777|os.ModeSticky)
+	os.Chown(stickyTheirs, other, other)
+	stickyOurs := mk("sticky", "ours")
+	theirsInside := mk("ours", "data")
+	os.Chown(theirsInside, other, other) // its contents are the data: its owner may change them
+	many := mk("many")
+	for i := range 6 {
+		os.WriteFile(filepath.Join(many, strconv.Itoa(i)), nil, 0o644)
+	}
+	defer func(n int) { maxDataListing = n }(maxDataListing)
+	maxDataListing = 5 // past it, a socket could hide
+	for _, c := range []struct {
+		dir  string
+		want []string
+	}{
+		{ownedAbove, []string{"MCP_EXEC_DATA_DIR=" + ownedAbove, "is owned by uid 65534"}},
+		{writableAbove, []string{"MCP_EXEC_DATA_DIR=" + writableAbove, "is writable by others"}},
+		{stickyTheirs, []string{"MCP_EXEC_DATA_DIR=" + stickyTheirs, "owned by another user in the sticky"}},
+		{stickyOurs, nil},
+		{theirsInside, nil},
+		{many, []string{"MCP_EXEC_DATA_DIR=" + many, "could not be checked whole", "more than 5 entries"}},
+	} {
+		_, err := loadWith(t, "MCP_EXEC_DATA_DIR="+c.dir)
+		if c.want == nil {
+			if err != nil {
+				t.Errorf("MCP_EXEC_DATA_DIR=%s: %v; want it accepted", c.dir, err)
+			}
+			continue
+		}
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("MCP_EXEC_DATA_DIR=%s: %v; want an error naming %q", c.dir, err, w)
+			}
+		}
 	}
 }

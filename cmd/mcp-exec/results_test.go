@@ -202,7 +202,7 @@ func TestBinaryResults(t *testing.T) {
 		if _, err := b.ReadResource(context.Background(), &mcp.ReadResourceParams{URI: link.URI}); err == nil {
 			t.Errorf("another client read the resource")
 		}
-		if msg := toolError(t, b, map[string]any{"code": "1", "files": []any{map[string]any{"path": "in.csv", "uri": link.URI}}}); !strings.HasPrefix(msg, "files[0].uri ") {
+		if msg := toolError(t, b, map[string]any{"code": "1", "files": []any{map[string]any{"path": "in.csv", "uri": link.URI}}}); !strings.HasPrefix(msg, "files[0].uri: ") {
 			t.Errorf("another client's files[].uri: %q", msg)
 		}
 		if list, err := b.ListResources(context.Background(), nil); err != nil || len(list.Resources) != 0 {

@@ -140,7 +140,7 @@ describe('what a model reads back (streamable HTTP, two clients)', () => {
     assert.equal(again.structuredContent.result, sc.result);
 
     await assert.rejects(b.readResource({ uri: link.uri }), /Resource not found/);
-    assert.match(await execError(b, { code: '1', files: [{ path: 'x', uri: link.uri }] }), /^files\[0\]\.uri /);
+    assert.match(await execError(b, { code: '1', files: [{ path: 'x', uri: link.uri }] }), /^files\[0\]\.uri: not an output file this client was given/);
     assert.deepEqual((await b.listResources()).resources, []);
   });
 });
