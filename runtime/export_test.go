@@ -123,11 +123,13 @@ func WithForkTimeout(d time.Duration, f func()) {
 	f()
 }
 
-// WithForksAsUID runs f with every fork's code process asked to take uid,
-// whatever its bundle says: a template whose forks are not confined.
-func WithForksAsUID(uid uint32, f func()) {
-	forkUID = &uid
-	defer func() { forkUID = nil }()
+// WithForksAsUID runs f with every fork of rt's code process asked to
+// take uid, whatever its bundle says: a template whose forks are not
+// confined.
+func WithForksAsUID(rt Runtime, uid uint32, f func()) {
+	id := InstanceID(rt)
+	forkUID.Store(id, uid)
+	defer forkUID.Delete(id)
 	f()
 }
 
@@ -153,12 +155,13 @@ func SessionCPU(s *Session) time.Duration {
 	return s.sb.c.cpu()
 }
 
-// WithForkSeccomp runs f with the filters of templates made in it, and of
-// their forks, edited by edit: a hole a test opens to attack what stands
-// behind the filter.
-func WithForkSeccomp(edit func(*specs.LinuxSeccomp), f func()) {
-	forkSeccompEdit = edit
-	defer func() { forkSeccompEdit = nil }()
+// WithForkSeccomp runs f with the filters of rt's templates made in it,
+// and of their forks, edited by edit: a hole a test opens to attack what
+// stands behind the filter, in its own runtime only.
+func WithForkSeccomp(rt Runtime, edit func(*specs.LinuxSeccomp), f func()) {
+	id := InstanceID(rt)
+	forkSeccompEdit.Store(id, edit)
+	defer forkSeccompEdit.Delete(id)
 	f()
 }
 

@@ -103,26 +103,40 @@ var forkTimeout = 10 * time.Second
 // processes for ever. A variable for tests.
 var reapTimeout = 5 * time.Second
 
-// forkUID, when set, is the uid a fork's code process is asked to take
-// instead of its bundle's: tests play a template whose forks are not
-// confined, which the call's init must refuse.
-var forkUID *uint32
+// forkUID holds, by runtime instance, the uid a fork's code process is
+// asked to take instead of its bundle's: tests play a template whose
+// forks are not confined, which the call's init must refuse (by instance,
+// as forkSeccompEdit).
+var forkUID sync.Map // instance id → uint32
 
-// forkSeccompEdit, when set, edits the filters of templates and their
-// forks: tests open a hole in it to attack what stands behind it.
-var forkSeccompEdit func(*specs.LinuxSeccomp)
+// forkUIDOf is the uid instance inst's fork of b asks for.
+func forkUIDOf(inst string, b *bundle.Bundle) uint32 {
+	if v, ok := forkUID.Load(inst); ok {
+		return v.(uint32)
+	}
+	return b.Init.UID
+}
 
-// editedSeccomp is s, or a copy of it forkSeccompEdit edited.
-func editedSeccomp(s *specs.LinuxSeccomp) *specs.LinuxSeccomp {
-	if forkSeccompEdit == nil || s == nil {
+// forkSeccompEdit holds, by runtime instance, an edit of the filters of
+// that instance's templates and their forks: a test opens a hole in it to
+// attack what stands behind it. By instance: one test's hole must never
+// reach another's sandboxes, run beside it (a CLONE_PARENT the runsc
+// seccomp test saw allowed, once, in a full run).
+var forkSeccompEdit sync.Map // instance id → func(*specs.LinuxSeccomp)
+
+// editedSeccomp is s, or a copy of it that instance inst's edit edited.
+func editedSeccomp(inst string, s *specs.LinuxSeccomp) *specs.LinuxSeccomp {
+	v, ok := forkSeccompEdit.Load(inst)
+	if !ok || s == nil {
 		return s
 	}
+	edit := v.(func(*specs.LinuxSeccomp))
 	c := *s
 	c.Syscalls = slices.Clone(s.Syscalls)
 	for i := range c.Syscalls {
 		c.Syscalls[i].Args = slices.Clone(c.Syscalls[i].Args)
 	}
-	forkSeccompEdit(&c)
+	edit(&c)
 	return &c
 }
 
@@ -318,12 +332,14 @@ func (r *LibcontainerRuntime) startTemplate(ctx context.Context, call *bundle.Bu
 	if err != nil {
 		return nil, fmt.Errorf("%w: the template's: %w", errFork, err)
 	}
-	setup, err := forkSetupOf(call, r.inst.cgroupPath("template"), r.seccompFilter, false)
+	setup, err := forkSetupOf(call, r.inst.cgroupPath("template"), func(s *specs.LinuxSeccomp) ([]byte, error) {
+		return r.seccompFilter(editedSeccomp(r.inst.id, s))
+	}, false)
 	if err != nil {
 		tb.Remove()
 		return nil, fmt.Errorf("%w: %w: %w", ErrSandbox, errFork, err)
 	}
-	tb.Spec.Linux.Seccomp = editedSeccomp(tb.Spec.Linux.Seccomp)
+	tb.Spec.Linux.Seccomp = editedSeccomp(r.inst.id, tb.Spec.Linux.Seccomp)
 	sb, err := prepare(ctx, &r.live, tb, &lcContainer{rt: r, b: tb, template: true})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -370,7 +386,7 @@ func forkSetupOf(b *bundle.Bundle, cgroupPath string, compile func(*specs.LinuxS
 	if linux.Seccomp == nil {
 		return nil, errors.New("the spec has no seccomp filter")
 	}
-	bpf, err := compile(editedSeccomp(linux.Seccomp))
+	bpf, err := compile(linux.Seccomp)
 	if err != nil {
 		return nil, err
 	}
@@ -655,10 +671,7 @@ func (fc *forkContainer) start(child [3]*os.File) error {
 		fds = append(fds, int(f.Fd()))
 	}
 	req := binary.BigEndian.AppendUint32(nil, uint32(len(fds)))
-	uid := fc.b.Init.UID
-	if forkUID != nil {
-		uid = *forkUID
-	}
+	uid := forkUIDOf(fc.rt.inst.id, fc.b)
 	req = binary.BigEndian.AppendUint32(req, uid)
 	req = binary.BigEndian.AppendUint32(req, fc.b.Init.GID)
 	req = append(req, fc.z.fork.bpf...)

@@ -370,7 +370,7 @@ func TestForkedFailuresFallBackToAContainer(t *testing.T) {
 }
 
 func testForkedFailuresFallBack(t *testing.T, h *harness) {
-	runtime.WithForksAsUID(0, func() {
+	runtime.WithForksAsUID(h.rt, 0, func() {
 		for i := 0; i < 3; i++ {
 			var got forked
 			h.probe(forkedProbe, &got)
@@ -400,7 +400,7 @@ func TestForkedUnconfinedIsRefused(t *testing.T) {
 }
 
 func testForkedUnconfinedIsRefused(t *testing.T, h *harness) {
-	runtime.WithForksAsUID(0, func() {
+	runtime.WithForksAsUID(h.rt, 0, func() {
 		var got struct{ UID, PPID int }
 		h.probe(`import json, os; print(json.dumps({"UID": os.getuid(), "PPID": os.getppid()}))`, &got)
 		if got.UID != policy.UID || got.PPID != 1 {
@@ -496,7 +496,7 @@ print(pid, ctypes.get_errno())`
 // the bound on its report, is killed and replaced after every call.
 func TestForkedCloneParentChildIsReaped(t *testing.T) {
 	h := newForkHarness(t, policy.DefaultLimits())
-	runtime.WithForkSeccomp(allowCloneParent, func() {
+	runtime.WithForkSeccomp(h.rt, allowCloneParent, func() {
 		h.mustRun("print(1)")
 		z := h.zygotes()
 		before := len(h.instanceProcs())

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/inhuman/mcp-exec/bundle"
 	"github.com/inhuman/mcp-exec/runtime/initproto"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -68,12 +69,14 @@ func (r *RunscRuntime) startTemplate(ctx context.Context, call *bundle.Bundle) (
 	if err != nil {
 		return nil, fmt.Errorf("%w: the template's: %w", errFork, err)
 	}
-	setup, err := forkSetupOf(call, r.inst.cgroupPath("template"), r.filters.compile, true)
+	setup, err := forkSetupOf(call, r.inst.cgroupPath("template"), func(s *specs.LinuxSeccomp) ([]byte, error) {
+		return r.filters.compile(editedSeccomp(r.inst.id, s))
+	}, true)
 	if err != nil {
 		tb.Remove()
 		return nil, fmt.Errorf("%w: %w: %w", ErrSandbox, errFork, err)
 	}
-	tb.Spec.Linux.Seccomp = editedSeccomp(tb.Spec.Linux.Seccomp)
+	tb.Spec.Linux.Seccomp = editedSeccomp(r.inst.id, tb.Spec.Linux.Seccomp)
 	rc := &runscContainer{rt: r, b: tb, ended: make(chan struct{})}
 	sb, err := prepare(ctx, &r.live, tb, rc)
 	if err != nil {
@@ -227,10 +230,7 @@ func (fc *runscFork) stdio() (child, parent [3]*os.File, err error) {
 func (fc *runscFork) start(child [3]*os.File) error {
 	fds := []int{int(child[0].Fd()), int(child[1].Fd()), int(child[2].Fd())}
 	req := binary.BigEndian.AppendUint32(nil, uint32(len(fds)))
-	uid := fc.b.Init.UID
-	if forkUID != nil {
-		uid = *forkUID
-	}
+	uid := forkUIDOf(fc.rt.inst.id, fc.b)
 	req = binary.BigEndian.AppendUint32(req, uid)
 	req = binary.BigEndian.AppendUint32(req, fc.b.Init.GID)
 	req = append(req, fc.z.fork.bpf...)

@@ -633,7 +633,7 @@ func runscPs(t *testing.T, h *harness, id string) []guestProc {
 // libcontainer's).
 func TestRunscForkedCloneParentChildIsReaped(t *testing.T) {
 	h := runscHarness(t, policy.DefaultLimits())
-	runtime.WithForkSeccomp(allowCloneParent, func() {
+	runtime.WithForkSeccomp(h.rt, allowCloneParent, func() {
 		h.mustRun("print(1)")
 		tpl := runscTemplates(h)
 		if len(tpl) != 1 {
