@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
 // The host's pathname unix sockets, out of the code's reach: a desktop
@@ -110,7 +112,7 @@ print(json.dumps(out))`
 
 func TestProcessHostSocketsOutOfReach(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/python3"); err != nil {
-		t.Skip("no python3 for the control probe")
+		testenv.Missing(t, "no /usr/bin/python3 for the control probe")
 	}
 	for _, m := range processModes {
 		t.Run(m.name, func(t *testing.T) {
