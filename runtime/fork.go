@@ -775,21 +775,28 @@ func (fc *forkContainer) kill() {
 	}
 }
 
-// boundReap kills the template when it has not reported the call reaped
-// within reapTimeout: its end ends the wait (awaitReaped), and it is
-// replaced, never given another call.
+// boundReap bounds the wait for the template to report the call reaped.
 func (fc *forkContainer) boundReap() {
+	boundReap(fc.reaped, &fc.gaveUp, fc.rt.cfg.Logger, fc.z.sb, fc.b.ID)
+}
+
+// boundReap kills template sandbox tpl when it has not reported call's
+// processes reaped within reapTimeout of the first kill: its end ends
+// the wait (awaitReaped), and it is replaced, never given another call.
+// Under either runtime a call that wedges its template costs it the
+// template, not a slot for good.
+func boundReap(reaped <-chan struct{}, gaveUp *atomic.Bool, log *slog.Logger, tpl *sandbox, call string) {
 	timer := time.NewTimer(reapTimeout)
 	defer timer.Stop()
 	select {
-	case <-fc.reaped:
+	case <-reaped:
 		return
 	case <-timer.C:
 	}
-	fc.gaveUp.Store(true)
-	fc.rt.cfg.Logger.Warn("a template did not report a call's processes reaped; replacing it",
-		"template", fc.z.sb.id, "sandbox", fc.b.ID, "after", reapTimeout)
-	fc.z.sb.c.kill()
+	gaveUp.Store(true)
+	log.Warn("a template did not report a call's processes reaped; replacing it",
+		"template", tpl.id, "sandbox", call, "after", reapTimeout)
+	tpl.c.kill()
 }
 
 func (fc *forkContainer) verdict(res *Result)           { cgroupVerdict(fc.paths, res) }

@@ -285,21 +285,10 @@ func (fc *runscFork) kill() {
 	fc.bounded.Do(func() { go fc.boundReap() })
 }
 
-// boundReap kills the template's whole sandbox when it has not reported
-// the call reaped within reapTimeout: its end ends the wait, and it is
-// replaced, never given another call.
+// boundReap kills the template's whole gVisor sandbox when it has not
+// reported the call reaped in time (boundReap).
 func (fc *runscFork) boundReap() {
-	timer := time.NewTimer(reapTimeout)
-	defer timer.Stop()
-	select {
-	case <-fc.reaped:
-		return
-	case <-timer.C:
-	}
-	fc.gaveUp.Store(true)
-	fc.rt.cfg.Logger.Warn("a template did not report a call's processes reaped; replacing it",
-		"template", fc.z.sb.id, "sandbox", fc.b.ID, "after", reapTimeout)
-	fc.z.sb.c.kill()
+	boundReap(fc.reaped, &fc.gaveUp, fc.rt.cfg.Logger, fc.z.sb, fc.b.ID)
 }
 
 // verdict is read from the call's cgroups, as a fresh runsc call's.
