@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/inhuman/mcp-exec/internal/names"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -109,7 +111,7 @@ func closest(name string, known []string) string {
 	lower := strings.ToLower(name)
 	best, bestD := "", -1
 	for _, k := range known {
-		d := editDistance(lower, k)
+		d := names.Distance(lower, k)
 		close := d <= max(2, len(k)/3) ||
 			(len(lower) >= 3 && (strings.HasPrefix(k, lower) || strings.HasPrefix(lower, k)))
 		if close && (bestD < 0 || d < bestD) {
@@ -117,31 +119,6 @@ func closest(name string, known []string) string {
 		}
 	}
 	return best
-}
-
-// editDistance is the Levenshtein distance of a and b, in bytes; names
-// longer than 64 bytes are too far from any known one to measure.
-func editDistance(a, b string) int {
-	if len(a) > 64 || len(b) > 64 {
-		return max(len(a), len(b))
-	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // schemaProperties are the names an object schema's properties has, in

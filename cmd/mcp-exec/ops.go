@@ -9,6 +9,8 @@ import (
 	goruntime "runtime"
 	"slices"
 	"strings"
+
+	"github.com/inhuman/mcp-exec/internal/names"
 )
 
 // What an operator watches and how the configuration is checked beyond
@@ -106,32 +108,11 @@ func knownVars() []string {
 func closest(name string, known []string) string {
 	best, dist := "", -1
 	for _, k := range known {
-		if d := editDistance(name, k); dist < 0 || d < dist {
+		if d := names.Distance(name, k); dist < 0 || d < dist {
 			best, dist = k, d
 		}
 	}
 	return best
-}
-
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // hostCPUs is how many CPUs this process may run on; tests replace it.
