@@ -3,97 +3,31 @@ package egress
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/nettest"
 )
 
-// testCA is the tests' own CA for the upstream hosts: the proxy trusts it
-// only through the CA-file setting, as it would a private mirror's.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-	pool *x509.CertPool
-}
-
-func newTestCA(t testing.TB) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "upstream test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	ca := &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pool: x509.NewCertPool()}
-	ca.pool.AddCert(cert)
-	return ca
-}
-
-// issue makes a server certificate for names.
-func (ca *testCA) issue(t testing.TB, names ...string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-// file writes the CA's certificate where the CA-file setting can name it.
-func (ca *testCA) file(t testing.TB) string {
-	t.Helper()
-	return writeFile(t, "ca.pem", ca.pem, 0o644)
-}
-
+// writeFile writes data in a temp dir of the test's, with exactly mode.
 func writeFile(t testing.TB, name string, data []byte, mode os.FileMode) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), name)
-	if err := os.WriteFile(p, data, mode); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(p, mode); err != nil { // past the umask
-		t.Fatal(err)
-	}
-	return p
+	return nettest.WriteFile(t, name, data, mode)
 }
 
 // secretsFile writes a secrets file the proxy accepts (0600).
@@ -333,10 +267,10 @@ func (zeros) Read(b []byte) (int, error) { clear(b); return len(b), nil }
 
 // startHTTPS starts an upstream HTTPS host on loopback with a
 // certificate ca issues for names; it returns its port.
-func startHTTPS(t testing.TB, ca *testCA, h http.Handler, names ...string) int {
+func startHTTPS(t testing.TB, ca *nettest.CA, h http.Handler, names ...string) int {
 	t.Helper()
 	s := httptest.NewUnstartedServer(h)
-	s.TLS = &tls.Config{Certificates: []tls.Certificate{ca.issue(t, names...)}}
+	s.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, names...)}}
 	s.StartTLS()
 	t.Cleanup(s.Close)
 	return s.Listener.Addr().(*net.TCPAddr).Port

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/nettest"
 )
 
 // A tunnel to an allowed host carries bytes both ways, and the call
@@ -330,7 +332,7 @@ func TestMalformedRequests400(t *testing.T) {
 // the site) is closed before a byte of it reaches the host; one naming
 // its own host goes through, and so does a protocol that is not TLS.
 func TestTunnelServerNameChecked(t *testing.T) {
-	ca := newTestCA(t)
+	ca := nettest.NewCA(t)
 	up := startHTTPS(t, ca, http.NotFoundHandler(), "allowed.test", "evil.test")
 	p := newTestProxy(t, Config{Settings: Settings{Allow: rules(t, "allowed.test:"+port(up)), Hosts: hosts(t, "allowed.test=127.0.0.1")}}, nil, nil)
 	call := p.NewCall("c1")
@@ -340,7 +342,7 @@ func TestTunnelServerNameChecked(t *testing.T) {
 		ok         bool
 	}{{"evil.test", false}, {"allowed.test", true}, {"ALLOWED.test", true}} {
 		_, conn := connectVia(t, relay, "allowed.test:"+port(up))
-		tc := tls.Client(conn, &tls.Config{ServerName: tt.serverName, RootCAs: ca.pool})
+		tc := tls.Client(conn, &tls.Config{ServerName: tt.serverName, RootCAs: ca.Pool()})
 		tc.SetDeadline(time.Now().Add(time.Minute))
 		err := tc.Handshake()
 		if (err == nil) != tt.ok {

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inhuman/mcp-exec/internal/nettest"
+
 	"github.com/inhuman/mcp-exec/internal/testenv"
 )
 
@@ -67,7 +69,7 @@ func runPython(t *testing.T, env []string, args ...string) string {
 // code can read.
 func TestPythonURLLibThroughProxy(t *testing.T) {
 	requirePython(t)
-	ca := newTestCA(t)
+	ca := nettest.NewCA(t)
 	api := &bearerAPI{}
 	apiPort := startHTTPS(t, ca, api, "api.test")
 	webPort := startHTTPS(t, ca, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -83,7 +85,7 @@ func TestPythonURLLibThroughProxy(t *testing.T) {
 		Allow:       rules(t, fmt.Sprintf("web.test:%d,api.test:%d,metadata.test", webPort, apiPort)),
 		Hosts:       hosts(t, "web.test=127.0.0.1,api.test=127.0.0.1"),
 		SecretsFile: secretsFile(t, map[string]map[string]string{"api.test": {"Authorization": testSecret}}),
-		CAFile:      ca.file(t),
+		CAFile:      ca.File(t),
 	}}, dns, nil)
 	call := p.NewCall("py")
 	env := pythonEnv(t, p, relayFor(t, call))
@@ -133,7 +135,7 @@ func TestPipInstallThroughProxy(t *testing.T) {
 	if out, err := exec.Command(python, "-m", "pip", "--version").CombinedOutput(); err != nil {
 		testenv.Missing(t, "pip for %s: %v %s (Debian's python3-pip)", python, err, out)
 	}
-	ca := newTestCA(t)
+	ca := nettest.NewCA(t)
 	wheel, whlName := buildWheel(t, "demo_pkg", "0.1", "VALUE = 42\n")
 	index := packageIndex("demo-pkg", whlName, wheel, "")
 	pypiPort := startHTTPS(t, ca, index, "pypi.test")
@@ -143,7 +145,7 @@ func TestPipInstallThroughProxy(t *testing.T) {
 		Allow:       rules(t, fmt.Sprintf("pypi.test:%d,mirror.test:%d", pypiPort, mirrorPort)),
 		Hosts:       hosts(t, "pypi.test=127.0.0.1,mirror.test=127.0.0.1"),
 		SecretsFile: secretsFile(t, map[string]map[string]string{"mirror.test": {"Authorization": testSecret}}),
-		CAFile:      ca.file(t),
+		CAFile:      ca.File(t),
 		PipIndexURL: fmt.Sprintf("https://pypi.test:%d/simple/", pypiPort),
 	}}, nil, nil)
 

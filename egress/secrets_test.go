@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/inhuman/mcp-exec/internal/nettest"
 )
 
 const testSecret = "Bearer s3cret-0123456789"
@@ -39,16 +41,16 @@ func (a *bearerAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // secretSetup is an HTTPS API on loopback that wants the secret, and a
 // proxy configured to add it.
-func secretSetup(t *testing.T) (*Proxy, *bearerAPI, *testCA, int) {
+func secretSetup(t *testing.T) (*Proxy, *bearerAPI, *nettest.CA, int) {
 	t.Helper()
-	ca := newTestCA(t)
+	ca := nettest.NewCA(t)
 	api := &bearerAPI{}
 	up := startHTTPS(t, ca, api, "api.test")
 	p := newTestProxy(t, Config{Settings: Settings{
 		Allow:       rules(t, "api.test:"+port(up)),
 		Hosts:       hosts(t, "api.test=127.0.0.1"),
 		SecretsFile: secretsFile(t, map[string]map[string]string{"api.test": {"Authorization": testSecret}}),
-		CAFile:      ca.file(t),
+		CAFile:      ca.File(t),
 	}}, nil, nil)
 	return p, api, ca, up
 }
@@ -65,7 +67,7 @@ func TestSecretInjectedOverTLS(t *testing.T) {
 	client := proxyClient(relayFor(t, p.NewCall("c1")), roots)
 	url := "https://api.test:" + port(up) + "/v1/models"
 
-	direct := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool, ServerName: "api.test"}}}
+	direct := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(), ServerName: "api.test"}}}
 	if resp, err := direct.Get("https://127.0.0.1:" + port(up) + "/"); err != nil || resp.StatusCode != 401 {
 		t.Fatalf("the API without the proxy: %v %v, want 401 (the secret comes from the proxy only)", resp, err)
 	}
@@ -134,14 +136,14 @@ func TestSecretHostOverPlainHTTPRefused(t *testing.T) {
 // CONNECT: a host whose certificate no trusted CA signed gets no request,
 // and so never the secret.
 func TestSecretHostCertificateVerified(t *testing.T) {
-	trusted, impostor := newTestCA(t), newTestCA(t)
+	trusted, impostor := nettest.NewCA(t), nettest.NewCA(t)
 	api := &bearerAPI{}
 	up := startHTTPS(t, impostor, api, "api.test")
 	p := newTestProxy(t, Config{Settings: Settings{
 		Allow:       rules(t, "api.test:"+port(up)),
 		Hosts:       hosts(t, "api.test=127.0.0.1"),
 		SecretsFile: secretsFile(t, map[string]map[string]string{"api.test": {"Authorization": testSecret}}),
-		CAFile:      trusted.file(t),
+		CAFile:      trusted.File(t),
 	}}, nil, nil)
 	relay := relayFor(t, p.NewCall("c1"))
 	resp, _ := connectVia(t, relay, "api.test:"+port(up))

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/inhuman/mcp-exec/internal/nettest"
 )
 
 func TestParseRules(t *testing.T) {
@@ -140,14 +142,14 @@ func TestLoadSecrets(t *testing.T) {
 }
 
 func TestLoadCAs(t *testing.T) {
-	ca := newTestCA(t)
-	certs, pemBytes, err := loadCAs(ca.file(t))
-	if err != nil || len(certs) != 1 || string(pemBytes) != string(ca.pem) {
+	ca := nettest.NewCA(t)
+	certs, pemBytes, err := loadCAs(ca.File(t))
+	if err != nil || len(certs) != 1 || string(pemBytes) != string(ca.PEM()) {
 		t.Fatalf("loadCAs: %d certs, %v", len(certs), err)
 	}
-	withKey := append(slices.Clone(ca.pem), "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"...)
+	withKey := append(slices.Clone(ca.PEM()), "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"...)
 	for name, data := range map[string][]byte{"a key": withKey, "nothing": []byte("hello"), "garbage cert": []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")} {
-		if _, _, err := loadCAs(writeFile(t, "ca.pem", data, 0o644)); err == nil || !strings.Contains(err.Error(), "{CAFile}") {
+		if _, _, err := loadCAs(writeFile(t, "ca.PEM()", data, 0o644)); err == nil || !strings.Contains(err.Error(), "{CAFile}") {
 			t.Errorf("%s: loadCAs: %v, want an error naming {CAFile}", name, err)
 		}
 	}
@@ -187,7 +189,7 @@ func TestValidate(t *testing.T) {
 // never holds a secret.
 func TestSandboxEnv(t *testing.T) {
 	plain := newTestProxy(t, Config{Settings: Settings{Allow: rules(t, "pypi.org,files.pythonhosted.org")}}, nil, nil)
-	env := plain.SandboxEnv(3128, "/etc/mcp-exec/ca.pem")
+	env := plain.SandboxEnv(3128, "/etc/mcp-exec/ca.PEM()")
 	for _, want := range []string{"HTTPS_PROXY=http://127.0.0.1:3128", "https_proxy=http://127.0.0.1:3128", "HTTP_PROXY=http://127.0.0.1:3128",
 		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"} {
 		if !slices.Contains(env, want) {
@@ -198,19 +200,19 @@ func TestSandboxEnv(t *testing.T) {
 		t.Errorf("without secrets or a CA file, the sandbox keeps its own bundle: TrustPEM %q, env %v", plain.TrustPEM(), env)
 	}
 
-	ca := newTestCA(t)
+	ca := nettest.NewCA(t)
 	secret := secretsFile(t, map[string]map[string]string{"api.test": {"Authorization": "Bearer hidden-value"}})
-	full := newTestProxy(t, Config{Settings: Settings{Allow: rules(t, "api.test,mirror.test"), SecretsFile: secret, CAFile: ca.file(t),
+	full := newTestProxy(t, Config{Settings: Settings{Allow: rules(t, "api.test,mirror.test"), SecretsFile: secret, CAFile: ca.File(t),
 		PipIndexURL: "http://mirror.test/simple"}}, nil, nil)
-	env = full.SandboxEnv(3128, "/etc/mcp-exec/ca.pem")
-	for _, want := range []string{"SSL_CERT_FILE=/etc/mcp-exec/ca.pem", "REQUESTS_CA_BUNDLE=/etc/mcp-exec/ca.pem", "PIP_CERT=/etc/mcp-exec/ca.pem",
+	env = full.SandboxEnv(3128, "/etc/mcp-exec/ca.PEM()")
+	for _, want := range []string{"SSL_CERT_FILE=/etc/mcp-exec/ca.PEM()", "REQUESTS_CA_BUNDLE=/etc/mcp-exec/ca.PEM()", "PIP_CERT=/etc/mcp-exec/ca.PEM()",
 		"PIP_INDEX_URL=http://mirror.test/simple", "PIP_TRUSTED_HOST=mirror.test"} {
 		if !slices.Contains(env, want) {
 			t.Errorf("SandboxEnv = %v, want %s in it", env, want)
 		}
 	}
 	trust := string(full.TrustPEM())
-	if count([]byte(trust)) != 2 || !strings.Contains(trust, string(ca.pem)) || strings.Contains(strings.Join(env, " ")+trust, "hidden-value") {
+	if count([]byte(trust)) != 2 || !strings.Contains(trust, string(ca.PEM())) || strings.Contains(strings.Join(env, " ")+trust, "hidden-value") {
 		t.Errorf("TrustPEM holds %d certificates (want the instance CA and the CA file's), env %v", count([]byte(trust)), env)
 	}
 }

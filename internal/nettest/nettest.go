@@ -87,6 +87,13 @@ func (ca *CA) Issue(t testing.TB, names ...string) tls.Certificate {
 // PEM is the CA's certificate.
 func (ca *CA) PEM() []byte { return ca.pem }
 
+// Pool is a pool that trusts the CA alone.
+func (ca *CA) Pool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca.cert)
+	return p
+}
+
 // File writes the CA's certificate where MCP_EXEC_EGRESS_CA_FILE can
 // name it.
 func (ca *CA) File(t testing.TB) string {
