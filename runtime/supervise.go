@@ -74,8 +74,13 @@ func supervise(ctx context.Context, c container, exited <-chan struct{}, s *init
 		s.relay.begin(ctx, req.Egress)
 		defer s.relay.end()
 	}
+	// The code's CPU counts from before it has its code: an interpreter
+	// that has it runs it at once, and a busy server can take the init's
+	// word that it started only after the code is done (a forked runsc
+	// call's loop was counted 0 ms under two busy loops).
+	cpu0 := c.cpu()
 	s.send(req)
-	k := &call{ctx: ctx, c: c, conn: s, req: req, exited: exited, stopTimer: func() {}}
+	k := &call{ctx: ctx, c: c, conn: s, req: req, exited: exited, stopTimer: func() {}, cpu0: cpu0}
 	k.serve()
 	k.collect()
 	return k.result()
@@ -98,7 +103,7 @@ type call struct {
 	exitAt time.Time // the init said the code exited
 	exit   *event
 	out    *callOutput
-	cpu0   time.Duration // at the start, and at the exit
+	cpu0   time.Duration // as the code was given, and at the exit
 	cpu1   time.Duration
 	// cpuSeen is the most the CPU checks read: the process runtime's
 	// measure of its process tree reads nothing once the tree is killed,
@@ -185,7 +190,6 @@ func (k *call) onFrame(ev event) {
 // onStarted: the code has it; its time counts from now.
 func (k *call) onStarted(ev event) {
 	k.start = ev.at
-	k.cpu0 = k.c.cpu()
 	if supervisionTimer {
 		t := time.NewTimer(time.Until(k.start.Add(k.req.Timeout)))
 		k.timer, k.stopTimer = t.C, func() { t.Stop() }
