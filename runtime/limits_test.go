@@ -171,6 +171,54 @@ except OSError as e:
 	}
 }
 
+// The CPU of children nobody waits for counts too: the kernel reaps a
+// child itself when its parent ignores SIGCHLD, and without a cgroup its
+// time went nowhere (red team 2, R1: 12 CPU-seconds under a 1 s limit,
+// cpu_ms 17). The process runtime refuses to change SIGCHLD's
+// disposition; the container runtimes count the cgroup.
+func TestCPULimitCountsChildrenNobodyWaitsFor(t *testing.T) {
+	forEachRuntimeAndProcess(t, 0, func(t *testing.T, h *harness) {
+		start := time.Now()
+		res := h.mustRun(`import os, signal, time
+try:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    print("ignored")
+except OSError as e:
+    print("refused", e.errno)
+t0 = time.monotonic()
+while time.monotonic() - t0 < 25:
+    for i in range(2):
+        if os.fork() == 0:
+            # At most two at a time, 0.4 s each: what the live ones have
+            # used never reaches the limit; only their sum does.
+            end = time.monotonic() + 0.4
+            while time.monotonic() < end:
+                pass
+            os._exit(0)
+    time.sleep(0.42)
+print("ran out the clock")`, withCPULimit(time.Second), withTimeout(40*time.Second))
+		if !res.CPULimited || res.TimedOut || strings.Contains(string(res.Stdout), "ran out the clock") {
+			t.Errorf("children burning CPU under a 1 s CPU limit: cpu_limited %v, timed_out %v, cpu %v, stdout %q; want the limit to end it",
+				res.CPULimited, res.TimedOut, res.CPUTime, res.Stdout)
+		}
+		if el := time.Since(start); el > 20*time.Second {
+			t.Errorf("children burning CPU under a 1 s CPU limit ran %v", el)
+		}
+		if h.kind == runtime.Process && !strings.HasPrefix(string(res.Stdout), "refused 1") {
+			t.Errorf("the process runtime let the code ignore SIGCHLD: stdout %q", res.Stdout)
+		}
+
+		// What it takes from ordinary code: nothing. Reading SIGCHLD's
+		// disposition, and children waited for, as subprocess does.
+		res = h.mustRun(`import signal, subprocess, sys
+print(signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL)
+print(subprocess.run([sys.executable, "-c", "print(2)"], capture_output=True, text=True).stdout.strip())`)
+		if res.ExitCode != 0 || string(res.Stdout) != "True\n2\n" {
+			t.Errorf("reading SIGCHLD's disposition and running a subprocess: exit %d, stdout %q, stderr %s", res.ExitCode, res.Stdout, tailOf(res.Stderr, 300))
+		}
+	})
+}
+
 func lastOf(s []string) string {
 	if len(s) == 0 {
 		return ""
