@@ -27,6 +27,15 @@ func compileSeccomp(s *specs.LinuxSeccomp) ([]byte, error) {
 		return nil, fmt.Errorf("compiling the seccomp filter: %w", err)
 	}
 	defer f.Release()
+	// A binary tree over the syscall numbers, not libseccomp's default
+	// list: the same decisions, in some ten comparisons instead of up to
+	// a few hundred. gVisor evaluates every filter a task holds for every
+	// syscall number at each fork and each filter installed (its
+	// cacheability check): 9.5 ms of a forked runsc call's 30 ms of
+	// sampled sentry CPU with the list, 5.6 with the tree. The kernel
+	// runs the filter for each syscall its cache cannot answer by number
+	// alone. An older libseccomp without the attribute compiles the list.
+	_ = f.SetOptimize(2)
 	for _, a := range s.Architectures {
 		arch, err := libseccomp.GetArchFromString(specArch(a))
 		if err != nil {
