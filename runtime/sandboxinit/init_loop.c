@@ -302,9 +302,10 @@ static void adopt_code(struct init *in) {
 		if (i != in->cellw && i < FORKED_PROCS_FD)
 			fcntl(i, F_SETFL, O_NONBLOCK);
 	}
-	int e = as_user(&in->c, make_outputs, NULL);
-	if (e != 0)
-		die_errno("creating the outputs dir", e);
+	// The outputs dir is the forked interpreter's to make, as the code's
+	// user, before it takes any code (driver.py): a child of this init
+	// for it would cost a process creation, several milliseconds of
+	// gVisor's, on every call.
 }
 
 // start_code spawns the interpreter on three fresh pipes.
