@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -190,11 +191,15 @@ func (fc *runscFork) create(context.Context) error {
 // moveCgroupProcs moves every process of the cgroups from into the
 // cgroups to of the same controllers, until none is left in from (a
 // process that a moved one forks meanwhile is in to already, or is moved
-// in the next round). A process that ended meanwhile is no error.
+// in the next round). A process that ended meanwhile is no error. Only
+// the controllers a call's cgroups differ in move (callControllers, as a
+// libcontainer fork's, or cgroup v2's one hierarchy): each move is a
+// write per process to each hierarchy, and a wait for the kernel's
+// cgroup lock.
 func moveCgroupProcs(from, to map[string]string) error {
 	for ctrl, src := range from {
 		dst, ok := to[ctrl]
-		if !ok || src == dst {
+		if !ok || src == dst || ctrl != "" && !slices.Contains(callControllers, ctrl) {
 			continue
 		}
 		for round := 0; ; round++ {
