@@ -292,6 +292,9 @@ func processNote(configured runtime.Kind, why string, iso runtime.ProcessIsolati
 	} else {
 		n += " There are no IP or unix sockets (socketpair works), and multiprocessing's pools, queues, locks and managers are not available: use threads."
 	}
+	// The call's CPU is counted over its process tree: a child the kernel
+	// reaps itself (SIGCHLD ignored) would take its time with it.
+	n += " SIGCHLD's handler cannot be changed (signal.signal(signal.SIGCHLD, ...) raises PermissionError), so multiprocessing's forkserver start method does not work; fork and spawn do."
 	return n + " " + processLimitsNote(iso, limits, stackBytes)
 }
 
