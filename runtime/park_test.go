@@ -173,6 +173,50 @@ func TestSessionParkDirNotPrivateIsRefused(t *testing.T) {
 	}
 }
 
+// TestSessionParkRetried: a park that failed is tried again, later: a
+// session whose checkpoint failed once (here: its park dir was not
+// private, until the operator fixed it) is parked by a later try rather
+// than left frozen, holding its memory, until a call that may never come.
+func TestSessionParkRetried(t *testing.T) {
+	testenv.Real(t)
+	dir := filepath.Join(t.TempDir(), "parked")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessConfig(t, runtime.Runsc, policy.DefaultLimits(), runtime.Config{ParkDir: dir, Fork: runtime.ForkConfig{Enabled: true}})
+	logs := &logLines{}
+	// Tries at 0.3, 0.9, 2.1 and 4.5 s of idleness: time enough for the
+	// fix below to come between the first and the last on a busy machine.
+	h.sessions.Park = 300 * time.Millisecond
+	h.sessions.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	s := h.newSession()
+	s.parks = false // the harness's own wait for a park: this test waits itself
+	if res := s.run("x = 7"); res.ExitCode != 0 {
+		t.Fatalf("first call: exit %d, stderr %s", res.ExitCode, res.Stderr)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "could not be parked") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no failed park logged within 30 s; log: %s", logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !s.Parked(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the session was not parked by a later try within 30 s; log: %s", logs.String())
+		}
+	}
+	if res := s.run("print(x)"); string(res.Stdout) != "7\n" {
+		t.Errorf("restored after a retried park: stdout %q, stderr %s", res.Stdout, res.Stderr)
+	}
+}
+
 // logLines is a log the test reads while it is written.
 type logLines struct {
 	mu  sync.Mutex

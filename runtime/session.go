@@ -32,6 +32,8 @@ type Session struct {
 	mu    sync.Mutex // one call at a time
 	ended SessionEnd
 	park  *time.Timer // parks the frozen sandbox once it has been idle parkAfter
+	// parkFailed counts the parks of this idle spell that failed.
+	parkFailed int
 	// detail says in words why, when the reason's usual meaning does not:
 	// a session the runtime ended for running while frozen is exited,
 	// but not by its code.
@@ -153,8 +155,15 @@ func (s *Session) armPark() {
 	if _, ok := s.sb.c.(parker); !ok {
 		return
 	}
+	s.parkFailed = 0
 	s.park = time.AfterFunc(s.parkAfter, s.parkIdle)
 }
+
+// parkRetries is how many times a park that failed is tried again, each
+// after twice the wait of the one before: a checkpoint can fail for a
+// while (a host under heavy load), and a session left frozen holds its
+// memory until its next call, which may never come.
+const parkRetries = 3
 
 // parkIdle parks the sandbox, unless a call came meanwhile (it holds
 // s.mu, or took the timer away).
@@ -168,7 +177,14 @@ func (s *Session) parkIdle() {
 	}
 	s.park = nil
 	if _, err := s.sb.park(); err != nil {
-		s.log.Warn("a persistent session could not be parked; it stays frozen", "sandbox", s.sb.id, "err", err)
+		if s.parkFailed < parkRetries {
+			s.parkFailed++
+			again := s.parkAfter << s.parkFailed
+			s.log.Warn("a persistent session could not be parked; it stays frozen until it is tried again", "sandbox", s.sb.id, "err", err, "again_in", again)
+			s.park = time.AfterFunc(again, s.parkIdle)
+			return
+		}
+		s.log.Warn("a persistent session could not be parked; it stays frozen", "sandbox", s.sb.id, "err", err, "tries", s.parkFailed+1)
 	}
 }
 
