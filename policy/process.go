@@ -121,22 +121,41 @@ func ProcessSeccomp(unixSockets bool) *specs.LinuxSeccomp {
 		Action: specs.ActAllow,
 		Args: []specs.LinuxSeccompArg{{Index: 0, Value: unix.AF_NETLINK, Op: specs.OpEqualTo},
 			{Index: 2, Value: unix.NETLINK_ROUTE, Op: specs.OpEqualTo}},
-	}, specs.LinuxSyscall{
-		Names:  []string{"rt_sigaction"},
-		Action: specs.ActAllow,
-		Args:   []specs.LinuxSeccompArg{{Index: 0, Value: uint64(unix.SIGCHLD), Op: specs.OpNotEqual}},
-	}, specs.LinuxSyscall{
-		Names:  []string{"rt_sigaction"},
-		Action: specs.ActAllow,
-		Args: []specs.LinuxSeccompArg{{Index: 0, Value: uint64(unix.SIGCHLD), Op: specs.OpEqualTo},
-			{Index: 1, Value: 0, Op: specs.OpEqualTo}},
 	})
+	rules = append(rules, sigactionRules()...)
 	for _, d := range DeniedInProcess() {
 		eperm := uint(unix.EPERM)
 		rules = append(rules, specs.LinuxSyscall{Names: slices.Clone(d.Names), Action: specs.ActErrno, ErrnoRet: &eperm})
 	}
 	s.Syscalls = rules
 	return s
+}
+
+// sigactionRules allow rt_sigaction for every signal but SIGCHLD, and
+// for SIGCHLD with no new action (ProcessSeccomp). The kernel reads the
+// signal as an int, its low 32 bits, where seccomp compares all 64, so
+// no rule may let a number through that is SIGCHLD in its low half: a
+// bare "not SIGCHLD" let 1<<32|SIGCHLD through (red team 3, F1). And
+// conditions on one argument are alternatives (as runc takes them), not
+// all required, so the signals around SIGCHLD are spelled as ranges
+// whose high bits are all zero: below it, then 18-19, 20-23, 24-31,
+// 32-63 and 64 (the last real-time signal). Any other number is no
+// signal (EINVAL) and is refused.
+func sigactionRules() []specs.LinuxSyscall {
+	sigchld := uint64(unix.SIGCHLD)
+	rule := func(args ...specs.LinuxSeccompArg) specs.LinuxSyscall {
+		return specs.LinuxSyscall{Names: []string{"rt_sigaction"}, Action: specs.ActAllow, Args: args}
+	}
+	masked := func(low, size uint64) specs.LinuxSyscall {
+		return rule(specs.LinuxSeccompArg{Index: 0, Value: ^(size - 1), ValueTwo: low, Op: specs.OpMaskedEqual})
+	}
+	return []specs.LinuxSyscall{
+		rule(specs.LinuxSeccompArg{Index: 0, Value: sigchld, Op: specs.OpLessThan}),
+		masked(18, 2), masked(20, 4), masked(24, 8), masked(32, 32),
+		rule(specs.LinuxSeccompArg{Index: 0, Value: 64, Op: specs.OpEqualTo}),
+		rule(specs.LinuxSeccompArg{Index: 0, Value: sigchld, Op: specs.OpEqualTo},
+			specs.LinuxSeccompArg{Index: 1, Value: 0, Op: specs.OpEqualTo}),
+	}
 }
 
 // ProcessSeccompNetwork is the process runtime's filter for a call with
