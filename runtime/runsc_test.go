@@ -257,6 +257,30 @@ func TestRunscOOM(t *testing.T) {
 	assertNoRunsc(t, h)
 }
 
+// A call whose output files cost gVisor's tmpfs more memory than is left
+// once the code has exited (some 2.5 KB an inode) meets its memory limit
+// while the init collects them: the verdict says both, the exit and the
+// OOM kill, and the result says the files were lost rather than that
+// there were none (red team 3, F3).
+func TestRunscOOMWhileCollectingFilesSaysSo(t *testing.T) {
+	limits := policy.DefaultLimits()
+	limits.MemoryBytes = 256 << 20
+	h := runscHarness(t, limits)
+	res := h.mustRun(`import os
+for d in range(30):
+    p = "/tmp/outputs/d%02d" % d
+    os.mkdir(p)
+    for i in range(4000):
+        os.close(os.open("%s/f%05d" % (p, i), os.O_CREAT | os.O_WRONLY, 0o644))
+print("made")`, withTimeout(60*time.Second))
+	if string(res.Stdout) != "made\n" || res.ExitCode != 0 || !res.OOMKilled {
+		t.Fatalf("120,000 files under a 256 MiB limit: stdout %q, exit %d, oom %v; want the code to finish and the limit to be met after", res.Stdout, res.ExitCode, res.OOMKilled)
+	}
+	if !strings.Contains(string(res.Stderr), "before its output files were all collected (the memory limit killed it)") {
+		t.Errorf("the files lost to the OOM kill are not said: files %d, stderr %q", len(res.Files), res.Stderr)
+	}
+}
+
 func TestRunscOutputFloodIsTruncatedPromptly(t *testing.T) {
 	h := runscHarness(t, policy.DefaultLimits())
 	const total = 64 << 20

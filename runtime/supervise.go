@@ -312,6 +312,9 @@ func (k *call) result() (Result, bool, error) {
 	if killedForSockets {
 		res.OOMKilled, res.SocketsKilled = true, true
 	}
+	if k.exit != nil && !k.done && !k.idle && k.ctxErr == nil {
+		k.filesCut(res)
+	}
 	// The code's CPU time: from when it had its code to its exit, not the
 	// interpreter's start-up before (or gVisor's boot).
 	if k.exit == nil {
@@ -392,6 +395,25 @@ func (req Request) phases(start, exited time.Time) {
 	}
 	req.Phases.span(PhaseRun, start, exited)
 	req.Phases.span(PhaseCollect, exited, now)
+}
+
+// filesCut says that the code exited but its sandbox ended before the
+// init had sent all its output files (killed at the memory limit while
+// it read them, or past exportTimeout): those it sent are kept, and the
+// rest are not "none" but lost, which a note on stderr says
+// (files_truncated is the file limits' alone).
+func (k *call) filesCut(res *Result) {
+	why := ""
+	if res.OOMKilled {
+		why = " (the memory limit killed it)"
+	}
+	note := "mcp-exec: the sandbox ended after the code exited, before its output files were all collected" + why + "\n"
+	if p := res.Stderr; len(p) > 0 && p[len(p)-1] != '\n' {
+		note = "\n" + note
+	}
+	if int64(len(res.Stderr)+len(note)) <= k.req.MaxOutputBytes {
+		res.Stderr = append(res.Stderr, note...)
+	}
 }
 
 // notesText is the init's notes for the caller, each on a line of its
