@@ -439,6 +439,14 @@ func (s *initConn) closeInput() {
 func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error {
 	timer := time.NewTimer(readyTimeout)
 	defer timer.Stop()
+	// drained bounds the wait, once the init is gone, for what it said
+	// before it went: its last frames (why it refused) may still be on
+	// their way from its stream when its end is known (a forked init's
+	// reap is reported by its template, over another stream).
+	var drained <-chan time.Time
+	gone := func() error {
+		return fmt.Errorf("the sandbox's init exited before the interpreter was ready: %s", s.failure())
+	}
 	for {
 		select {
 		case ev := <-s.events:
@@ -448,6 +456,9 @@ func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error 
 			case initproto.IError:
 				return fmt.Errorf("the sandbox's init: %s", ev.msg)
 			case initproto.IExit, 0:
+				if drained != nil {
+					return gone()
+				}
 				// The interpreter ended before it read any code.
 				return fmt.Errorf("the interpreter did not start: %s", s.failure())
 			}
@@ -456,7 +467,9 @@ func (s *initConn) waitReady(ctx context.Context, exited <-chan struct{}) error 
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-exited:
-			return fmt.Errorf("the sandbox's init exited before the interpreter was ready: %s", s.failure())
+			exited, drained = nil, time.After(time.Second)
+		case <-drained:
+			return gone()
 		}
 	}
 }
