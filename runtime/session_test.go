@@ -353,12 +353,12 @@ class itimerspec(ctypes.Structure):
 # (SIGCONT's default) until it no longer is.
 signal.signal(signal.SIGCONT, lambda *_: None)
 timer = ctypes.c_void_p()
-# SIGEV_SIGNAL on CLOCK_MONOTONIC, once, a second after this call: by then
-# the session is frozen. (Not every few ms: a SIGSTOP discards a pending
-# SIGCONT, and a periodic timer whose signal was discarded is not armed
-# again.)
+# SIGEV_SIGNAL on CLOCK_MONOTONIC, every second from a second after this
+# call: one comes once the session is frozen, however late a busy machine
+# freezes it. (Not every few ms: a SIGSTOP discards a pending SIGCONT,
+# and a periodic timer whose signal was discarded is not armed again.)
 assert libc.timer_create(1, ctypes.byref(sigevent(signo=signal.SIGCONT, notify=0)), ctypes.byref(timer)) == 0, ctypes.get_errno()
-assert libc.timer_settime(timer, 0, ctypes.byref(itimerspec(timespec(0, 0), timespec(1, 0))), None) == 0, ctypes.get_errno()
+assert libc.timer_settime(timer, 0, ctypes.byref(itimerspec(timespec(1, 0), timespec(1, 0))), None) == 0, ctypes.get_errno()
 def spin():
     while True:
         pass
@@ -384,8 +384,8 @@ threading.Thread(target=spin, daemon=True).start()`)
 
 // selfWakeZombie leaves a process whose thread-group leader has exited
 // (SYS_exit on its main thread: a zombie while its threads live) with a
-// worker thread that a POSIX timer wakes with SIGCONT a second later,
-// once the session is frozen, and that then spins (red team F2: a watch
+// worker thread that a POSIX timer wakes with SIGCONT every second, so
+// once the session is frozen too, and that then spins (red team F2: a watch
 // that knew processes, not threads, never looked at it). The call ends
 // once the leader is gone: a grandchild the leader thread forked learns
 // of it by its parent-death signal, and says so.
@@ -403,7 +403,9 @@ if os.fork() == 0:
     def spin():
         timer = ctypes.c_void_p()
         assert libc.timer_create(1, ctypes.byref(sigevent(signo=signal.SIGCONT, notify=0)), ctypes.byref(timer)) == 0
-        assert libc.timer_settime(timer, 0, ctypes.byref(itimerspec(timespec(0, 0), timespec(1, 0))), None) == 0
+        # Every second from a second on: one comes after the freeze,
+        # however late a busy machine freezes the session.
+        assert libc.timer_settime(timer, 0, ctypes.byref(itimerspec(timespec(1, 0), timespec(1, 0))), None) == 0
         while True:
             pass
     threading.Thread(target=spin).start()

@@ -799,7 +799,9 @@ if os.fork() == 0:
     def spin():
         timer = ctypes.c_void_p()
         libc.timer_create(0, ctypes.byref(sigevent(signo=signal.SIGCONT, notify=0)), ctypes.byref(timer))
-        libc.timer_settime(timer, 0, ctypes.byref(itimerspec(0, 0, 1, 0)), None)  # once, a second after this call
+        # Every second from a second after this call: one comes after the
+        # freeze, however late a busy machine freezes it.
+        libc.timer_settime(timer, 0, ctypes.byref(itimerspec(1, 0, 1, 0)), None)
         n = 0
         while True:
             n += 1
