@@ -164,11 +164,14 @@ func cutTail(p []byte, n int) []byte {
 }
 
 // drain copies r into w until EOF or error and closes r. It reports on done.
+// Through a buffer of its own, small: what it drains is an init's
+// diagnostics, a line or two, and an *os.File's WriteTo would take a
+// 32 KB buffer of its own for every sandbox.
 func drain(r *os.File, w io.Writer, done chan<- struct{}) {
 	defer close(done)
 	defer r.Close()
-	buf := make([]byte, 64<<10)
-	io.CopyBuffer(w, r, buf)
+	var buf [4 << 10]byte
+	io.CopyBuffer(w, struct{ io.Reader }{r}, buf[:])
 }
 
 // Live keeps the newest output of a running call, for progress messages:
