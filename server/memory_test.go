@@ -33,6 +33,7 @@ func TestMain(m *testing.M) {
 
 func childServer(addrFile string) int {
 	debug.SetMemoryLimit(MemoryTarget) // as the binary does
+	TuneGC()
 	o := testOptions()
 	o.Transport, o.AuthToken = HTTP, testToken
 	if v := os.Getenv("MCP_EXEC_TEST_SESSION_IDLE"); v != "" {

@@ -126,13 +126,7 @@ func serveCmd(ctx context.Context, args []string, stdin io.Reader, stdout, rawSt
 		debug.SetMemoryLimit(server.MemoryTarget)
 	}
 	if _, set := os.LookupEnv("GOGC"); !set {
-		// The live heap is small (~2 MB) and a call allocates about a third
-		// of it (the MCP SDK decodes each message through fresh 32 KB
-		// buffers): at Go's default the collector ran every two or three
-		// calls, ~1.8 ms of CPU each, some 0.7 ms a call. Five times the
-		// live heap before a collection, under the soft limit above, which
-		// still bounds it.
-		debug.SetGCPercent(gcPercent)
+		server.TuneGC()
 	}
 	opts := cfg.serverOptions()
 	opts.Audit, opts.Logger, opts.SDKLogger = audit, log, sdkLog
@@ -198,9 +192,6 @@ func cacheDir(cfg config) string {
 	}
 	return rootfs.DefaultCacheDir()
 }
-
-// gcPercent is the server's GOGC when the operator set none (serveCmd).
-const gcPercent = 400
 
 // boundCache removes, least recently used first, the cached rootfs no
 // live server uses while the cache is over MCP_EXEC_CACHE_MAX_MB. It runs
